@@ -1,0 +1,67 @@
+"""What every data source provides, and the error type for bad input."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterator
+from typing import Protocol
+
+from recjax.batch import Chunk
+from recjax.features import FeatureSpec
+
+
+class DataError(ValueError):
+    """Bad input data, reported as ``file:line: field X: what is wrong. what to do``."""
+
+    def __init__(self, path: str, line: int | None, field: str | None, problem: str, fix: str):
+        where = f"{path}:{line}" if line is not None else str(path)
+        what = f"field {field!r}: " if field else ""
+        super().__init__(f"{where}: {what}{problem}. {fix}")
+        self.path, self.line, self.field, self.problem = path, line, field, problem
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """Counters a reader keeps while it streams; reported in summary.json.
+
+    Attributes:
+      rows: examples produced.
+      skipped: lines skipped with ``--skip-bad-lines``, by reason (e.g. ``"field count"``).
+      first_skipped: ``file:line`` of the first few skipped lines, so a user can look at them.
+      truncated: examples whose multi-hot field had more than ``max_len`` ids (the extra ids
+        are dropped), by field name.
+    """
+
+    rows: int = 0
+    skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    first_skipped: list = dataclasses.field(default_factory=list)
+    truncated: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def skip(self, err: DataError, keep: int = 5) -> None:
+        self.skipped[err.problem.split(":")[0]] += 1
+        if len(self.first_skipped) < keep:
+            self.first_skipped.append(str(err))
+
+    def as_dict(self) -> dict:
+        return {"rows": self.rows, "skipped_lines": sum(self.skipped.values()),
+                "skipped_by_reason": dict(self.skipped), "first_skipped": list(self.first_skipped),
+                "truncated_by_field": dict(self.truncated)}
+
+
+class DataSource(Protocol):
+    """A finite, re-iterable stream of examples of one schema.
+
+    Attributes:
+      name: the spec the user gave (``criteo:PATH``), for logs and summary.json.
+      spec: the schema of every chunk.
+      stats: counters of the most recent pass.
+    """
+
+    name: str
+    spec: FeatureSpec
+    stats: ReadStats
+
+    def chunks(self) -> Iterator[Chunk]:
+        """One pass over the source in its own order; ``row`` counts examples from 0."""
+        ...

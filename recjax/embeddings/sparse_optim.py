@@ -1,0 +1,191 @@
+"""Sparse (row-wise) optimizers for embedding tables, optax-style pairs of pure functions.
+
+A `SparseOptimizer` updates only the rows a batch touched. Its state ("slots") lives beside the
+rows: arrays with the table's leading dimension, so sharding a table shards its slots the same
+way. Each optimizer takes the (ids, per-entry gradients) of `tables.row_gradients`:
+
+* SGD scatter-adds every entry directly: duplicates accumulate exactly, and no sort is needed
+  (PERF_NOTES pitfall 2: deduplicating first is slower on CPU).
+* Adagrad, row-wise Adagrad, Adam and FTRL are non-linear in the row gradient, so they first
+  merge duplicate ids into one exact per-row sum (`coalesce`), then update each touched row once,
+  exactly as a dense optimizer would on the dense gradient restricted to those rows.
+
+Out-of-range ids (``>= V``, used for padding) are dropped by every scatter (``mode="drop"``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class SparseOptimizer(NamedTuple):
+    """Attributes:
+      init: ``table f32[V, D] -> slots`` (a pytree of arrays with leading dim V, or ()).
+      update: ``(table, slots, ids i32[N], grads f32[N, D], step i32) -> (table, slots)``;
+        ``step`` counts updates from 0 (Adam's bias correction needs it).
+    """
+
+    init: Callable[[jax.Array], Any]
+    update: Callable[..., tuple[jax.Array, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseOptimConfig:
+    """Embedding optimizer settings.
+
+    Attributes:
+      name: sgd | adagrad | rowwise_adagrad | adam | ftrl.
+      lr: learning rate (FTRL's alpha).
+      eps: Adagrad/Adam denominator epsilon.
+      initial_accumulator: Adagrad's starting accumulator value.
+      b1: Adam first-moment decay.
+      b2: Adam second-moment decay.
+      l1: FTRL L1 strength.
+      l2: FTRL L2 strength.
+      beta: FTRL beta.
+    """
+
+    name: str = "sgd"
+    lr: float = 0.05
+    eps: float = 1e-8
+    initial_accumulator: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    l1: float = 0.0
+    l2: float = 0.0
+    beta: float = 1.0
+
+    def __post_init__(self):
+        if self.name not in SPARSE_OPTIMIZERS:
+            raise ValueError(f"optim.sparse: unknown sparse optimizer {self.name!r}; "
+                             f"choose one of {sorted(SPARSE_OPTIMIZERS)}")
+        if self.lr <= 0:
+            raise ValueError(f"optim.sparse_lr must be > 0, got {self.lr}")
+
+
+def coalesce(ids: jax.Array, grads: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
+    """Merge duplicate ids: ``(unique ids i32[N], summed grads f32[N, D])``.
+
+    Fixed size N (jit-friendly): unused slots carry id ``num_rows`` (out of range, dropped by the
+    scatters) and zero gradient. The sums are exact: every entry lands in its id's segment.
+    """
+    n = ids.shape[0]
+    uniq, inv = jnp.unique(ids, size=n, fill_value=num_rows, return_inverse=True)
+    summed = jax.ops.segment_sum(grads, inv.reshape(-1), num_segments=n)
+    return uniq, summed
+
+
+def _rows(a: jax.Array, ids: jax.Array) -> jax.Array:
+    return jnp.take(a, ids, axis=0, mode="clip")
+
+
+def _set(a: jax.Array, ids: jax.Array, v: jax.Array) -> jax.Array:
+    return a.at[ids].set(v, mode="drop")
+
+
+def sgd(cfg: SparseOptimConfig) -> SparseOptimizer:
+    """w_r <- w_r - lr * sum of the batch's gradients for row r."""
+
+    def update(table, slots, ids, grads, step):
+        del step
+        return table.at[ids].add(-cfg.lr * grads, mode="drop"), slots
+
+    return SparseOptimizer(lambda table: (), update)
+
+
+def adagrad(cfg: SparseOptimConfig) -> SparseOptimizer:
+    """Per-coordinate Adagrad (Duchi et al. 2011): ``a += G^2; w -= lr * G / (sqrt(a) + eps)``."""
+
+    def init(table):
+        return jnp.full_like(table, cfg.initial_accumulator)
+
+    def update(table, acc, ids, grads, step):
+        del step
+        ids, g = coalesce(ids, grads, table.shape[0])
+        a = _rows(acc, ids) + g * g
+        w = _rows(table, ids) - cfg.lr * g / (jnp.sqrt(a) + cfg.eps)
+        return _set(table, ids, w), _set(acc, ids, a)
+
+    return SparseOptimizer(init, update)
+
+
+def rowwise_adagrad(cfg: SparseOptimConfig) -> SparseOptimizer:
+    """Row-wise Adagrad (one accumulator per row, as in DLRM/FBGEMM): ``a_r += mean_d G_rd^2``."""
+
+    def init(table):
+        return jnp.full(table.shape[:1], cfg.initial_accumulator, table.dtype)
+
+    def update(table, acc, ids, grads, step):
+        del step
+        ids, g = coalesce(ids, grads, table.shape[0])
+        a = _rows(acc, ids) + jnp.mean(g * g, axis=1)
+        w = _rows(table, ids) - cfg.lr * g / (jnp.sqrt(a)[:, None] + cfg.eps)
+        return _set(table, ids, w), _set(acc, ids, a)
+
+    return SparseOptimizer(init, update)
+
+
+def adam(cfg: SparseOptimConfig) -> SparseOptimizer:
+    """Lazy Adam (Kingma & Ba 2015, Alg. 1 applied to touched rows only, like TF's LazyAdam).
+
+    Moments of untouched rows do not decay; the bias correction uses the global step t.
+    """
+
+    def init(table):
+        return (jnp.zeros_like(table), jnp.zeros_like(table))
+
+    def update(table, slots, ids, grads, step):
+        m_all, v_all = slots
+        ids, g = coalesce(ids, grads, table.shape[0])
+        t = (step + 1).astype(table.dtype)
+        m = cfg.b1 * _rows(m_all, ids) + (1 - cfg.b1) * g
+        v = cfg.b2 * _rows(v_all, ids) + (1 - cfg.b2) * g * g
+        # 1 - b^t as -expm1(t log b): in float32, 1 - 0.999 would lose ~4 digits to cancellation.
+        m_hat = m / -jnp.expm1(t * math.log(cfg.b1))
+        v_hat = v / -jnp.expm1(t * math.log(cfg.b2))
+        w = _rows(table, ids) - cfg.lr * m_hat / (jnp.sqrt(v_hat) + cfg.eps)
+        return _set(table, ids, w), (_set(m_all, ids, m), _set(v_all, ids, v))
+
+    return SparseOptimizer(init, update)
+
+
+def ftrl(cfg: SparseOptimConfig) -> SparseOptimizer:
+    """FTRL-Proximal, per coordinate (McMahan et al., KDD 2013, Algorithm 1).
+
+    sigma = (sqrt(n + g^2) - sqrt(n)) / alpha;  z += g - sigma * w;  n += g^2;
+    w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2).
+    The slots are (z, n); the table holds w. Starting from w = 0 reproduces the paper exactly;
+    from a random init, the first update moves w as the formula says.
+    """
+
+    def init(table):
+        return (jnp.zeros_like(table), jnp.zeros_like(table))
+
+    def update(table, slots, ids, grads, step):
+        del step
+        z_all, n_all = slots
+        ids, g = coalesce(ids, grads, table.shape[0])
+        w, z, n = _rows(table, ids), _rows(z_all, ids), _rows(n_all, ids)
+        n_new = n + g * g
+        sigma = (jnp.sqrt(n_new) - jnp.sqrt(n)) / cfg.lr  # alpha = lr
+        z = z + g - sigma * w
+        denom = (cfg.beta + jnp.sqrt(n_new)) / cfg.lr + cfg.l2
+        w = jnp.where(jnp.abs(z) <= cfg.l1, 0.0, -(z - jnp.sign(z) * cfg.l1) / denom)
+        return _set(table, ids, w), (_set(z_all, ids, z), _set(n_all, ids, n_new))
+
+    return SparseOptimizer(init, update)
+
+
+SPARSE_OPTIMIZERS: dict[str, Callable[[SparseOptimConfig], SparseOptimizer]] = {
+    "sgd": sgd, "adagrad": adagrad, "rowwise_adagrad": rowwise_adagrad, "adam": adam, "ftrl": ftrl,
+}
+
+
+def make_sparse_optimizer(cfg: SparseOptimConfig) -> SparseOptimizer:
+    return SPARSE_OPTIMIZERS[cfg.name](cfg)

@@ -1,0 +1,175 @@
+"""Embedding tables, pooled lookup, and the sparse side of the sparse/dense boundary.
+
+DESIGN.md section 1: the model sees only the looked-up activations ``acts[group]: f32[B, F, Dg]``.
+`jax.value_and_grad` w.r.t. those activations gives ``g_acts``; `row_gradients` turns ``g_acts``
+into (row ids, row gradients) per table, and a sparse optimizer (`sparse_optim.py`) applies them
+to the touched rows only. Nothing here ever forms a dense, table-sized gradient
+(PERF_NOTES pitfall 1).
+
+Groups: a model consumes one or more *groups* of activations, each with its own dim: ``"emb"``
+(dim D, the embeddings) and ``"wide"`` (dim 1, first-order weights as tables of dim 1). Each
+group has one table per distinct ``FieldSpec.table``, named ``"{group}/{table}"``; several fields
+may share a table (torchrec's ``EmbeddingBagConfig.feature_names``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from recjax.features import FeatureSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """One embedding table (torchrec's ``EmbeddingBagConfig``).
+
+    Attributes:
+      name: ``"{group}/{table}"``, the key of the table in the tables dict.
+      num_embeddings: rows (V).
+      embedding_dim: columns (Dg).
+      feature_names: the fields that look this table up, in batch order.
+      field_index: positions of those fields on the F axis of ``ids``.
+      pooling: ``"sum"`` or ``"mean"`` over the L ids of a multi-hot field.
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    feature_names: tuple[str, ...]
+    field_index: tuple[int, ...]
+    pooling: str = "sum"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingLayout:
+    """Which tables each activation group reads, built from a `FeatureSpec` by `make_layout`.
+
+    Attributes:
+      groups: group name -> its dim, in a fixed order.
+      tables: every table of every group, in a fixed order.
+      n_fields: F.
+    """
+
+    groups: tuple[tuple[str, int], ...]
+    tables: tuple[TableConfig, ...]
+    n_fields: int
+
+    def group_tables(self, group: str) -> tuple[TableConfig, ...]:
+        return tuple(t for t in self.tables if t.name.split("/", 1)[0] == group)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(t.num_embeddings for t in self.tables)
+
+
+def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum") -> EmbeddingLayout:
+    """One table per (group, distinct table of the spec), fields sharing tables as the spec says."""
+    if pooling not in ("sum", "mean"):
+        raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+    if spec.n_fields == 0:
+        raise ValueError("the data has no categorical fields; recjax models need at least one")
+    tables = []
+    for group, dim in groups.items():
+        by_table: dict[str, list[int]] = {}
+        for i, f in enumerate(spec.fields):
+            by_table.setdefault(f.table, []).append(i)
+        for table, idx in by_table.items():
+            tables.append(TableConfig(
+                name=f"{group}/{table}",
+                num_embeddings=spec.fields[idx[0]].vocab_size,
+                embedding_dim=dim,
+                feature_names=tuple(spec.fields[i].name for i in idx),
+                field_index=tuple(idx),
+                pooling=pooling,
+            ))
+    return EmbeddingLayout(tuple(groups.items()), tuple(tables), spec.n_fields)
+
+
+def init_tables(layout: EmbeddingLayout, seed: int, scale: str | float = "dlrm") -> dict[str, np.ndarray]:
+    """Initial tables as host numpy arrays (device placement is the caller's business).
+
+    ``scale="dlrm"`` draws U(-1/sqrt(V), 1/sqrt(V)) per table as the DLRM reference does; a float
+    draws N(0, scale^2). Wide (dim 1) tables start at 0, like a logistic regression.
+    Each table gets its own generator seeded from (seed, table name), so adding a table does not
+    change the others' initial values.
+    """
+    out = {}
+    for t in layout.tables:
+        name_key = int.from_bytes(t.name.encode()[:16].ljust(16, b"\0"), "little") % (2**63)
+        rng = np.random.default_rng([seed, name_key, len(t.name)])
+        shape = (t.num_embeddings, t.embedding_dim)
+        if t.embedding_dim == 1:
+            out[t.name] = np.zeros(shape, np.float32)
+        elif scale == "dlrm":
+            bound = 1.0 / np.sqrt(t.num_embeddings)
+            out[t.name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+        else:
+            out[t.name] = (float(scale) * rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+def _pool_weights(t: TableConfig, mask: jax.Array | None, idx: tuple[int, ...]) -> jax.Array | None:
+    """Per-id pooling weights w[B, |idx|, L] (mask, divided by the count for mean); None = 1."""
+    if mask is None:
+        return None
+    w = mask[:, idx, :]
+    if t.pooling == "mean":
+        w = w / jnp.maximum(w.sum(-1, keepdims=True), 1.0)
+    return w
+
+
+def lookup(layout: EmbeddingLayout, tables: dict, ids: jax.Array, mask: jax.Array | None) -> dict:
+    """Pooled activations per group: ``acts[group]: f32[B, F, Dg]`` in field order.
+
+    Args:
+      layout: from `make_layout`.
+      tables: ``name -> f32[V, Dg]``.
+      ids: i32[B, F, L] ids, in range for their field's table.
+      mask: f32[B, F, L] or None (every field one-hot, L = 1).
+    """
+    acts = {}
+    for group, _ in layout.groups:
+        parts, order = [], []
+        for t in layout.group_tables(group):
+            idx = t.field_index
+            rows = jnp.take(tables[t.name], ids[:, idx, :], axis=0, mode="clip")  # [B, f, L, D]
+            w = _pool_weights(t, mask, idx)
+            if w is None:
+                pooled = rows.sum(axis=2) if rows.shape[2] > 1 else rows[:, :, 0]
+            else:
+                pooled = jnp.einsum("bfld,bfl->bfd", rows, w)
+            parts.append(pooled)
+            order.extend(idx)
+        stacked = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+        if order != sorted(order):  # fields of shared tables are not contiguous: restore order
+            stacked = stacked[:, np.argsort(order), :]
+        acts[group] = stacked
+    return acts
+
+
+def row_gradients(layout: EmbeddingLayout, g_acts: dict, ids: jax.Array, mask: jax.Array | None,
+                  ) -> dict[str, tuple[jax.Array, jax.Array]]:
+    """Per table, the touched rows and their gradients: ``name -> (i32[N], f32[N, Dg])``.
+
+    Row r's total gradient is the sum of the returned gradients of every entry with id r
+    (duplicates are *not* merged here; optimizers that need per-row sums merge them exactly).
+    Padding positions (mask 0) get id ``V`` (out of range), so scatters with ``mode="drop"``
+    skip them and they never touch a real row (e.g. never advance Adam's moments of row 0).
+    """
+    out = {}
+    for t in layout.tables:
+        idx = t.field_index
+        g = g_acts[t.name.split("/", 1)[0]][:, idx, :]  # [B, f, D]
+        t_ids = ids[:, idx, :]  # [B, f, L]
+        w = _pool_weights(t, mask, idx)
+        if w is None:
+            g_rows = jnp.broadcast_to(g[:, :, None, :], t_ids.shape + g.shape[-1:])
+        else:
+            g_rows = g[:, :, None, :] * w[..., None]
+            t_ids = jnp.where(mask[:, idx, :] > 0, t_ids, t.num_embeddings)
+        out[t.name] = (t_ids.reshape(-1), g_rows.reshape(-1, g.shape[-1]))
+    return out

@@ -1,0 +1,84 @@
+"""Feature schema of a dataset: which dense columns and which categorical fields it has.
+
+A `FeatureSpec` is what a data source promises and what the embedding tables and models are
+built from. It is deliberately plain data (frozen dataclasses) so it can be printed, compared
+and stored in a checkpoint's metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldSpec:
+    """One categorical field.
+
+    Attributes:
+      name: column name in the source (``C1``, ``site_id``, ``click_sequence``).
+      vocab_size: number of hash buckets (or the exact vocabulary size for id-valued fields);
+        ids are always in ``[0, vocab_size)``.
+      max_len: ids per example; 1 for a one-hot field, > 1 for a multi-hot field padded with a mask.
+      table: embedding table the field looks up; fields naming the same table share it.
+        Defaults to the field's own name.
+    """
+
+    name: str
+    vocab_size: int
+    max_len: int = 1
+    table: str = ""
+
+    def __post_init__(self):
+        if self.vocab_size < 1:
+            raise ValueError(f"field {self.name!r}: vocab_size must be >= 1, got {self.vocab_size}")
+        if self.max_len < 1:
+            raise ValueError(f"field {self.name!r}: max_len must be >= 1, got {self.max_len}")
+        if not self.table:
+            object.__setattr__(self, "table", self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+    """Schema of a batch: ``dense f32[B, n_dense]``, ``ids i32[B, F, L]``, ``label f32[B]``.
+
+    Attributes:
+      dense_names: names of the dense (numerical) columns, in batch order.
+      fields: categorical fields, in batch order (axis F of ``ids``).
+    """
+
+    dense_names: tuple[str, ...]
+    fields: tuple[FieldSpec, ...]
+
+    def __post_init__(self):
+        names = [f.name for f in self.fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate field names in {names}")
+        by_table: dict[str, int] = {}
+        for f in self.fields:
+            if by_table.setdefault(f.table, f.vocab_size) != f.vocab_size:
+                raise ValueError(
+                    f"fields sharing table {f.table!r} disagree on vocab_size "
+                    f"({by_table[f.table]} vs {f.vocab_size}); give them one size")
+
+    @property
+    def n_dense(self) -> int:
+        return len(self.dense_names)
+
+    @property
+    def n_fields(self) -> int:
+        return len(self.fields)
+
+    @property
+    def max_len(self) -> int:
+        """L: the padded number of ids per field (1 when every field is one-hot)."""
+        return max((f.max_len for f in self.fields), default=1)
+
+    @property
+    def multi_hot(self) -> bool:
+        return self.max_len > 1
+
+    def field(self, name: str) -> FieldSpec:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"no field {name!r}; fields are {[f.name for f in self.fields]}")
