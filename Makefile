@@ -1,0 +1,23 @@
+PY ?= python
+# Tests use 8 fake CPU devices (tests/conftest.py); two workers fit the 2-core CI machine.
+PYTEST_WORKERS ?= 2
+
+.PHONY: install test test-all lint bench train
+
+install:
+	$(PY) -m pip install -r requirements.txt
+
+test:
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10
+
+test-all:
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "" --durations=20
+
+lint:
+	$(PY) -m ruff check .
+
+bench:
+	$(PY) scripts/bench.py
+
+train:
+	$(PY) scripts/train.py

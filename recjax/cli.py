@@ -1,0 +1,99 @@
+"""Command-line plumbing shared by the scripts: flags -> `Config` (DESIGN.md section 3 names)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from recjax import configs
+from recjax.config import Config, ConfigError, apply_overrides, help_text
+from recjax.data.synthetic import preset
+
+# Fixed flag -> config key (users, docs and checks rely on these names).
+FLAGS = {
+    "model": "model.name", "algo": "train.algo", "data": "data.train", "eval_data": "data.eval",
+    "epochs": "train.epochs", "steps": "train.steps", "batch_size": "train.batch_size",
+    "seed": "train.seed", "out": "train.out", "devices": "train.devices",
+}
+SWITCHES = {
+    "save_predictions": "train.save_predictions", "deterministic": "train.deterministic",
+    "resume": "train.resume", "skip_bad_lines": "data.skip_bad_lines",
+    "tensorboard": "train.tensorboard",
+}
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=description,
+        epilog="Any config field can be set with --section.field=value "
+               "(see --help-config for all of them with their current values).")
+    p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
+    p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
+    p.add_argument("--algo", help="training algorithm (single)")
+    p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
+                                  "movielens:PATH | taobao:PATH | synthetic[:NAME]")
+    p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--steps", type=int, help="train this many steps (overrides --epochs)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--out", help="run directory: summary.json, metrics.jsonl, checkpoints/")
+    p.add_argument("--devices", type=int)
+    for s in SWITCHES:
+        p.add_argument("--" + s.replace("_", "-"), action="store_true", default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--help-config", action="store_true", help="list every config key and exit")
+    return p
+
+
+def _overrides(rest: list[str]) -> list[tuple[str, str]]:
+    """``--a.b=v`` / ``--a.b v`` pairs; anything else is an error naming the token."""
+    pairs, i = [], 0
+    while i < len(rest):
+        tok = rest[i]
+        if not tok.startswith("--") or "." not in tok.split("=", 1)[0]:
+            raise ConfigError(f"unrecognised argument {tok!r}; flags are listed by --help, config "
+                              "keys (--section.field=value) by --help-config")
+        if "=" in tok:
+            key, val = tok[2:].split("=", 1)
+        elif i + 1 < len(rest):
+            key, val = tok[2:], rest[i + 1]
+            i += 1
+        else:
+            raise ConfigError(f"{tok} needs a value: {tok}=VALUE")
+        pairs.append((key, val))
+        i += 1
+    return pairs
+
+
+def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
+    """Named config, then the fixed flags, then --section.field overrides (last wins)."""
+    cfg = configs.get(args.config)
+    pairs = []
+    for flag, key in FLAGS.items():
+        v = getattr(args, flag)
+        if v is not None:
+            pairs.append((key, str(v)))
+    for flag, key in SWITCHES.items():
+        if getattr(args, flag):
+            pairs.append((key, "true"))
+    if args.no_progress:
+        pairs.append(("train.progress", "false"))
+    if args.data and args.data.startswith("synthetic"):
+        name = args.data.partition(":")[2] or "default"
+        cfg = dataclasses.replace(cfg, synthetic=preset(name))
+    return apply_overrides(cfg, pairs + _overrides(rest))
+
+
+def parse(argv: list[str] | None, description: str) -> tuple[Config, argparse.Namespace]:
+    p = parser(description)
+    args, rest = p.parse_known_args(argv)
+    try:
+        cfg = resolve(args, rest)
+    except (ConfigError, ValueError) as e:
+        p.error(str(e))
+    if args.help_config:
+        print(help_text(cfg))
+        raise SystemExit(0)
+    return cfg, args

@@ -1,0 +1,256 @@
+"""Run configuration: frozen dataclass sections, named configs, and `--section.field=value`.
+
+A `Config` holds one frozen dataclass per section (``data``, ``synthetic``, ``model``, ``embed``,
+``dense``, ``sparse``, ``train``). Overrides are type-checked against the field's annotation and
+unknown keys are refused with the closest valid names (nanoGPT's configurator, made strict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+
+from recjax.data.synthetic import SyntheticConfig
+from recjax.embeddings.sparse_optim import SparseOptimConfig
+from recjax.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where examples come from and how they are batched.
+
+    Attributes:
+      train: training data SPEC (``criteo:PATH``, ``frappe:PATH``, ``synthetic[:NAME]``, ...).
+      eval: eval data SPEC; empty = a seeded hold-out split of the training data.
+      holdout: fraction of the training data held out for eval when ``eval`` is empty.
+      hash_buckets: hash buckets per hashed categorical field.
+      multi_hot_len: ids kept per multi-hot field (L); longer lists are truncated and counted.
+      skip_bad_lines: skip and count malformed lines instead of stopping at the first.
+      shuffle_buffer: examples per shuffle buffer; 0 keeps file order; >= data size = full shuffle.
+      cache_rows: parse a source at most once per run if it has at most this many rows.
+      prefetch: batches prepared ahead by the background thread (0 = no thread).
+    """
+
+    train: str = "synthetic"
+    eval: str = ""
+    holdout: float = 0.1
+    hash_buckets: int = 1 << 17
+    multi_hot_len: int = 20
+    skip_bad_lines: bool = False
+    shuffle_buffer: int = 1 << 21
+    cache_rows: int = 10_000_000
+    prefetch: int = 4
+
+    def __post_init__(self):
+        if not 0.0 < self.holdout < 1.0:
+            raise ValueError(f"data.holdout must be in (0, 1), got {self.holdout}")
+        if self.hash_buckets < 1:
+            raise ValueError(f"data.hash_buckets must be >= 1, got {self.hash_buckets}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedConfig:
+    """Embedding tables.
+
+    Attributes:
+      pooling: sum | mean over the ids of a multi-hot field.
+      init: "dlrm" (U(+-1/sqrt(V)) per table) or a float std of a normal init.
+    """
+
+    pooling: str = "sum"
+    init: str = "dlrm"
+
+    def __post_init__(self):
+        if self.pooling not in ("sum", "mean"):
+            raise ValueError(f"embed.pooling must be sum or mean, got {self.pooling!r}")
+        if self.init != "dlrm":
+            try:
+                float(self.init)
+            except ValueError:
+                raise ValueError(f"embed.init must be 'dlrm' or a number, got {self.init!r}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseOptimConfig:
+    """Optimizer of the dense (replicated) parameters, built with optax.
+
+    Attributes:
+      name: sgd | momentum | adam | adamw | adagrad.
+      lr: learning rate.
+      b1: Adam beta1 / momentum.
+      b2: Adam beta2.
+      eps: Adam/Adagrad epsilon.
+      weight_decay: AdamW decoupled weight decay.
+      clip_norm: global-norm gradient clipping (0 = off).
+    """
+
+    name: str = "adam"
+    lr: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+
+    def __post_init__(self):
+        if self.name not in ("sgd", "momentum", "adam", "adamw", "adagrad"):
+            raise ValueError(f"dense.name: unknown optimizer {self.name!r}; "
+                             "choose sgd, momentum, adam, adamw or adagrad")
+        if self.lr <= 0:
+            raise ValueError(f"dense.lr must be > 0, got {self.lr}")
+
+
+ALGOS = ("single",)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The training run.
+
+    Attributes:
+      algo: training algorithm; "single" is the single-device trainer.
+      batch_size: examples per step (global batch).
+      epochs: passes over the training data (ignored when steps > 0).
+      steps: train exactly this many steps (0 = run `epochs`).
+      seed: seeds parameter init, data order, hold-out split and synthetic data.
+      eval_batch_size: examples per eval step.
+      log_every: steps between progress/metrics.jsonl records.
+      eval_every: steps between evals (0 = eval at the end only).
+      ckpt_every: steps between checkpoints (0 = only at the end of each epoch and of the run).
+      keep_ckpts: checkpoints kept on disk.
+      out: output directory (summary.json, metrics.jsonl, checkpoints/); empty = write nothing.
+      resume: continue from the latest checkpoint in out/checkpoints.
+      save_predictions: write out/predictions.csv (label,prob per eval example, input order).
+      tensorboard: also write TensorBoard event files to out/tb.
+      deterministic: insist on bit-reproducible execution (the single trainer always is on CPU).
+      devices: devices to use (0 = 1 for the single trainer).
+      progress: show a progress bar.
+      stop_after: stop (as if interrupted) after this many steps, keeping the checkpoint (tests).
+    """
+
+    algo: str = "single"
+    batch_size: int = 1024
+    epochs: int = 1
+    steps: int = 0
+    seed: int = 0
+    eval_batch_size: int = 8192
+    log_every: int = 50
+    eval_every: int = 0
+    ckpt_every: int = 0
+    keep_ckpts: int = 2
+    out: str = ""
+    resume: bool = False
+    save_predictions: bool = False
+    tensorboard: bool = False
+    deterministic: bool = False
+    devices: int = 0
+    progress: bool = True
+    stop_after: int = 0
+
+    def __post_init__(self):
+        if self.algo not in ALGOS:
+            raise ValueError(f"--algo {self.algo!r} is not available; available: {', '.join(ALGOS)}")
+        for name in ("batch_size", "epochs", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 0:
+            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if self.resume and not self.out:
+            raise ValueError("--resume needs --out DIR (the run directory holding checkpoints/)")
+        if self.save_predictions and not self.out:
+            raise ValueError("--save-predictions needs --out DIR to write predictions.csv into")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything a run needs; `scripts/train.py --print-config` shows it."""
+
+    data: DataConfig = DataConfig()
+    synthetic: SyntheticConfig = SyntheticConfig()
+    model: ModelConfig = ModelConfig()
+    embed: EmbedConfig = EmbedConfig()
+    dense: DenseOptimConfig = DenseOptimConfig()
+    sparse: SparseOptimConfig = SparseOptimConfig()
+    train: TrainConfig = TrainConfig()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """A bad override: unknown key or a value of the wrong type."""
+
+
+def _parse_value(text: str, typ, key: str):
+    """Parse `text` as the annotated type `typ` (bool, int, float, str, tuple[int, ...])."""
+    origin = typing.get_origin(typ)
+    try:
+        if typ is bool:
+            low = text.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if typ is int:
+            return int(text.replace("_", ""))
+        if typ is float:
+            return float(text)
+        if typ is str:
+            return text
+        if origin is tuple:
+            (elem, *_rest) = typing.get_args(typ)
+            parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
+            return tuple(_parse_value(p.strip(), elem, key) for p in parts)
+    except ValueError:
+        pass
+    else:
+        raise ConfigError(f"{key}: unsupported field type {typ}")
+    raise ConfigError(f"{key}={text!r}: expected a value of type {getattr(typ, '__name__', typ)}")
+
+
+def override(cfg, key: str, text: str):
+    """Return `cfg` with ``section.field`` set from the string `text`, type-checked.
+
+    Raises:
+      ConfigError: unknown section or field (with close matches), or a badly typed value, or a
+        value the section's ``__post_init__`` refuses.
+    """
+    section, _, field = key.partition(".")
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    if section not in sections or not field:
+        close = difflib.get_close_matches(key, _all_keys(cfg), n=3)
+        raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {close}?" if close else
+                          f"; keys look like section.field, sections: {sorted(sections)}"))
+    sub = getattr(cfg, section)
+    hints = typing.get_type_hints(type(sub))
+    if field not in hints or field not in {f.name for f in dataclasses.fields(sub)}:
+        close = difflib.get_close_matches(key, _all_keys(cfg), n=3)
+        raise ConfigError(f"unknown config key {key!r}" + (f"; did you mean {close}?" if close else ""))
+    value = _parse_value(text, hints[field], key)
+    try:
+        new_sub = dataclasses.replace(sub, **{field: value})
+    except ValueError as e:
+        raise ConfigError(f"{key}={text!r}: {e}") from None
+    return dataclasses.replace(cfg, **{section: new_sub})
+
+
+def _all_keys(cfg) -> list[str]:
+    return [f"{s.name}.{f.name}" for s in dataclasses.fields(cfg)
+            for f in dataclasses.fields(getattr(cfg, s.name))]
+
+
+def apply_overrides(cfg, pairs: list[tuple[str, str]]):
+    for key, text in pairs:
+        cfg = override(cfg, key, text)
+    return cfg
+
+
+def help_text(cfg) -> str:
+    """All keys with their current values, for ``--help-config``."""
+    lines = []
+    for s in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, s.name)):
+            lines.append(f"--{s.name}.{f.name}={getattr(getattr(cfg, s.name), f.name)!r}")
+    return "\n".join(lines)

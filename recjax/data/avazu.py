@@ -1,0 +1,96 @@
+"""Avazu CTR prediction (Kaggle 2014): ``avazu:PATH``.
+
+Layout: comma-separated, 24 columns ``id,click,hour,C1,banner_pos,site_id,...,C21``. The
+original ``train.csv`` has this header; split files often do not, so the header is optional
+(present iff the first token of the first line is ``id``) and must match exactly when present.
+
+Features (no dense columns, ``dense`` is f32[B, 0]):
+
+* label = ``click`` (0/1); ``id`` (a 64-bit impression id, unique per row) is dropped unread.
+* ``hour`` (``YYMMDDHH``, UTC) becomes two exact-vocabulary fields, ``hour_of_day`` (24 ids)
+  and ``weekday`` (7 ids, Monday = 0): the absolute hour never repeats between train and test,
+  so it would only be noise; the daily and weekly cycles do repeat.
+* the other 21 columns are categorical strings, each hashed on its own into ``hash_buckets``
+  buckets; they must be UTF-8 text (bytes that do not decode mean a corrupt file). An empty
+  value is its own category.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from recjax.data.hashing import hash_tokens
+from recjax.data.readers import (
+    HOUR_VOCAB,
+    WEEKDAY_VOCAB,
+    Problems,
+    TextSource,
+    check_text,
+    parse_ints,
+    parse_label,
+    show,
+)
+from recjax.features import FeatureSpec, FieldSpec
+
+COLUMNS = ("id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category",
+           "app_id", "app_domain", "app_category", "device_id", "device_ip", "device_model",
+           "device_type", "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19", "C20",
+           "C21")
+CAT_NAMES = COLUMNS[3:]
+LABELS = {b"0": 0.0, b"1": 1.0}
+
+
+def avazu_spec(hash_buckets: int) -> FeatureSpec:
+    """hour_of_day, weekday (exact ids), then the 21 hashed categorical columns."""
+    fields = (FieldSpec("hour_of_day", HOUR_VOCAB), FieldSpec("weekday", WEEKDAY_VOCAB),
+              *(FieldSpec(name, hash_buckets) for name in CAT_NAMES))
+    return FeatureSpec(dense_names=(), fields=fields)
+
+
+def parse_yymmddhh(tokens: Sequence[bytes], field: str, bad: Problems
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(hour of day, weekday) of ``YYMMDDHH`` tokens; calendar checks run once per distinct hour."""
+    values = parse_ints(tokens, field, bad, allow_missing=False)
+    uniq, inverse = np.unique(values, return_inverse=True)
+    hour_u, weekday_u, ok_u = (np.zeros(len(uniq), dtype) for dtype in (np.int32, np.int32, bool))
+    for u, value in enumerate(uniq.tolist()):
+        yy, mm, dd, hh = value // 10**6, value // 10**4 % 100, value // 100 % 100, value % 100
+        try:
+            if 0 <= value < 10**8 and hh < 24:
+                weekday_u[u], hour_u[u], ok_u[u] = datetime.date(2000 + yy, mm, dd).weekday(), hh, 1
+        except ValueError:  # no such date
+            pass
+    for i in np.flatnonzero(~ok_u[inverse]):
+        bad.add(i, field, f"bad hour: got {show(tokens[i])}, expected YYMMDDHH "
+                          "(e.g. 14102100 = 2014-10-21 00:00)")
+    return hour_u[inverse], weekday_u[inverse]
+
+
+class AvazuSource(TextSource):
+    """``avazu:PATH``: the Avazu CSV layout, with or without its header line."""
+
+    kind = "avazu"
+    delimiter = b","
+    columns = COLUMNS
+    header = "optional"
+
+    def __init__(self, path: str | os.PathLike, *, hash_buckets: int = 1 << 17,
+                 name: str | None = None, skip_bad_lines: bool = False, chunk_rows: int = 65536):
+        self.hash_buckets = hash_buckets
+        super().__init__(path, spec=avazu_spec(hash_buckets), name=name,
+                         skip_bad_lines=skip_bad_lines, chunk_rows=chunk_rows)
+
+    def convert(self, cols: list[Sequence[bytes]], bad: Problems):
+        n = len(cols[0])
+        label = parse_label(cols[1], "click", bad, LABELS)
+        ids = np.empty((n, self.spec.n_fields, 1), np.int32)
+        ids[:, 0, 0], ids[:, 1, 0] = parse_yymmddhh(cols[2], "hour", bad)
+        for k, name in enumerate(CAT_NAMES, start=2):
+            tokens = cols[COLUMNS.index(name)]
+            check_text(tokens, name, bad)
+            ids[:, k, 0] = hash_tokens(tokens, k, self.hash_buckets)
+        return np.zeros((n, 0), np.float32), ids, None, label

@@ -1,0 +1,209 @@
+"""From a `DataSource` to fixed-shape batches: select, shard, shuffle, batch; plus caching.
+
+``batches`` composes three streaming stages over the source's chunks:
+
+1. **select**: keep the examples of this worker (``row % num_workers == worker``, round-robin
+   by example index, so every worker sees the whole file's time range and the union over
+   workers is exactly the stream, once) that pass ``keep(rows)`` (e.g. a hold-out split);
+2. **shuffle**: a buffer of ``shuffle_buffer`` examples; each incoming example replaces a random
+   one, which goes out (tf.data's shuffle, vectorised per chunk); at the end the rest of the
+   buffer goes out in a random order. A buffer at least as large as the data is therefore a
+   full permutation; 0 keeps file order. The numpy Generator is seeded with
+   ``(seed, epoch, worker)``, so every epoch has its own order and a rerun repeats it exactly;
+3. **batch**: fixed ``batch_size`` rows via `recjax.batch.to_batch`; the last partial batch is
+   dropped (``drop_remainder``) or zero-padded, with ``n_valid`` telling how many rows are real.
+
+Every stage keeps memory proportional to ``chunk_rows + shuffle_buffer + batch_size`` rows.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+
+from recjax.batch import Batch, Chunk, concat_chunks, take, to_batch
+from recjax.data.base import DataSource, ReadStats
+from recjax.data.hashing import uniform01
+
+Keep = Callable[[np.ndarray], np.ndarray]  # rows i64[N] -> bool[N]
+
+
+def batches(source: DataSource, batch_size: int, *, seed: int, epoch: int, shuffle_buffer: int,
+            drop_remainder: bool, worker: int = 0, num_workers: int = 1,
+            keep: Keep | None = None) -> Iterator[tuple[Batch, int]]:
+    """One epoch of fixed-shape batches of this worker's share of `source`.
+
+    Args:
+      source: any `DataSource`; read once, front to back.
+      batch_size: B, rows per batch.
+      seed, epoch: seed the shuffle (non-negative ints).
+      shuffle_buffer: examples in the shuffle buffer; 0 = file order.
+      drop_remainder: drop the last partial batch instead of padding it.
+      worker, num_workers: this worker's index and the number of workers.
+      keep: optional predicate on example rows (see `holdout_split`).
+
+    Yields:
+      (batch, n_valid): `Batch` of exactly `batch_size` rows, the first ``n_valid`` real.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= worker < num_workers:
+        raise ValueError(f"worker must be in [0, {num_workers}), got {worker}")
+    if shuffle_buffer < 0 or seed < 0 or epoch < 0:
+        raise ValueError(f"shuffle_buffer, seed and epoch must be >= 0, got "
+                         f"{shuffle_buffer}, {seed}, {epoch}")
+    stream = select(source.chunks(), worker=worker, num_workers=num_workers, keep=keep)
+    if shuffle_buffer:
+        rng = np.random.default_rng([seed, epoch, worker])
+        stream = shuffle(stream, shuffle_buffer, rng)
+    return rebatch(stream, batch_size, drop_remainder=drop_remainder)
+
+
+def select(chunks: Iterable[Chunk], *, worker: int = 0, num_workers: int = 1,
+           keep: Keep | None = None) -> Iterator[Chunk]:
+    """The examples with ``row % num_workers == worker`` and ``keep(row)``, in order."""
+    for chunk in chunks:
+        mask = np.ones(chunk.size, bool) if num_workers == 1 else (
+            chunk.row % num_workers == worker)
+        if keep is not None:
+            mask &= np.asarray(keep(chunk.row), bool)
+        if mask.all():
+            yield chunk
+        elif mask.any():
+            yield take(chunk, np.flatnonzero(mask))
+
+
+def shuffle(chunks: Iterable[Chunk], buffer_size: int, rng: np.random.Generator
+            ) -> Iterator[Chunk]:
+    """Shuffle a stream through a buffer of `buffer_size` examples (see the module docstring)."""
+    filling: list[Chunk] = []  # until the buffer is full, so a small dataset costs little
+    n_filling = 0
+    buf: Chunk | None = None
+    for chunk in chunks:
+        start = 0
+        if buf is None:
+            start = min(buffer_size - n_filling, chunk.size)
+            filling.append(take(chunk, slice(0, start)))
+            n_filling += start
+            if n_filling == buffer_size:
+                buf = _copy(concat_chunks(filling))
+                filling = []
+        while start < chunk.size:  # buffer full: each new example evicts a random one
+            m = min(chunk.size - start, buffer_size)
+            slots = rng.choice(buffer_size, size=m, replace=False)
+            out = take(buf, slots)  # fancy indexing copies
+            _put(buf, slots, take(chunk, slice(start, start + m)))
+            start += m
+            yield out
+    rest = buf if buf is not None else (concat_chunks(filling) if filling else None)
+    if rest is not None and rest.size:
+        yield take(rest, rng.permutation(rest.size))
+
+
+def rebatch(chunks: Iterable[Chunk], batch_size: int, *, drop_remainder: bool
+            ) -> Iterator[tuple[Batch, int]]:
+    """Cut a stream of chunks into batches of exactly `batch_size` rows (padding the last)."""
+    pending: list[Chunk] = []
+    n = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        n += chunk.size
+        if n < batch_size:
+            continue
+        joined = concat_chunks(pending)
+        full = n - n % batch_size
+        for start in range(0, full, batch_size):
+            yield to_batch(take(joined, slice(start, start + batch_size)))
+        pending = [take(joined, slice(full, n))] if full < n else []
+        n -= full
+    if n and not drop_remainder:
+        yield to_batch(concat_chunks(pending), batch_size)
+
+
+def holdout_split(seed: int, fraction: float) -> tuple[Keep, Keep]:
+    """(keep_train, keep_eval) predicates on example rows for a seeded random hold-out.
+
+    A row goes to eval iff ``uniform01(seed, row) < fraction``: a stable hash, so the split is
+    the same on every machine and worker, and the two sides are disjoint and cover every row.
+
+    Args:
+      seed: split seed (independent of the shuffle seed, so reshuffling never leaks eval rows).
+      fraction: expected share of eval rows, in [0, 1].
+    """
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"hold-out fraction must be in [0, 1], got {fraction}")
+
+    def keep_eval(rows: np.ndarray) -> np.ndarray:
+        return uniform01(seed, rows) < fraction
+
+    def keep_train(rows: np.ndarray) -> np.ndarray:
+        return ~keep_eval(rows)
+
+    return keep_train, keep_eval
+
+
+class CachedSource:
+    """A source whose first complete pass is kept in memory and replayed afterwards.
+
+    The cached arrays are made read-only, so a consumer that writes into a batch fails loudly
+    instead of corrupting later epochs. A pass that stops early caches nothing; a source with
+    more than ``max_rows`` examples is streamed every time (nothing is kept).
+
+    Attributes:
+      name, spec: those of the wrapped source.
+      stats: of the pass that filled the cache (or of the wrapped source's latest pass).
+    """
+
+    def __init__(self, source: DataSource, max_rows: int = 1_000_000):
+        self.source = source
+        self.name = source.name
+        self.spec = source.spec
+        self.max_rows = max_rows
+        self._chunks: list[Chunk] | None = None
+        self._stats: ReadStats | None = None
+
+    @property
+    def stats(self) -> ReadStats:
+        return self._stats if self._stats is not None else self.source.stats
+
+    @property
+    def is_cached(self) -> bool:
+        return self._chunks is not None
+
+    def chunks(self) -> Iterator[Chunk]:
+        if self._chunks is not None:
+            yield from self._chunks
+            return
+        kept: list[Chunk] | None = []
+        rows = 0
+        for chunk in self.source.chunks():
+            rows += chunk.size
+            if kept is not None and rows > self.max_rows:
+                kept = None  # too big to cache: stream it every epoch
+            if kept is not None:
+                for a in chunk:
+                    if a is not None:
+                        a.flags.writeable = False
+                kept.append(chunk)
+            yield chunk
+        if kept is not None:
+            self._chunks = kept
+            self._stats = copy.deepcopy(self.source.stats)
+
+
+def cached(source: DataSource, max_rows: int = 1_000_000) -> CachedSource:
+    """Wrap `source` so that a source of at most `max_rows` examples is parsed only once."""
+    return CachedSource(source, max_rows)
+
+
+def _copy(chunk: Chunk) -> Chunk:
+    """A chunk with its own writable arrays (the shuffle buffer is written in place)."""
+    return Chunk(*(None if a is None else np.array(a) for a in chunk))
+
+
+def _put(dst: Chunk, index: np.ndarray, src: Chunk) -> None:
+    for d, s in zip(dst, src):
+        if d is not None:
+            d[index] = s

@@ -1,0 +1,333 @@
+"""Machinery shared by the line-oriented readers (Criteo, Avazu, libFM/Frappe, MovieLens, Taobao).
+
+A reader streams its file in blocks of ``chunk_rows`` lines. For each block it
+
+1. splits every line on the delimiter and checks the field count;
+2. converts column by column with vectorised code: a fast path validates a whole column at once
+   (e.g. one ``translate`` over the joined tokens), and only when that fails does a slow per-token
+   pass find which lines are bad;
+3. reports the first bad line as ``DataError("file:line: field X: problem. what to do")``, or,
+   with ``skip_bad_lines``, drops every bad line and counts it in ``stats``. A bad value never
+   becomes a silent wrong value in a batch.
+
+``Chunk.row`` is the 0-based index of the data line (header excluded). Skipped lines keep their
+index (the next good line does not move up), so an example's hold-out side and worker do not
+depend on whether bad lines elsewhere in the file were skipped.
+
+The format modules (`criteo`, `avazu`, `libfm`, `movielens`, `taobao`) subclass `TextSource` and
+implement `TextSource.convert`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from recjax.batch import Chunk
+from recjax.data.base import DataError, ReadStats
+from recjax.features import FeatureSpec
+
+SKIP_HINT = "Fix or remove the line, or pass --skip-bad-lines to skip such lines"
+HOUR_VOCAB, WEEKDAY_VOCAB = 24, 7  # exact vocabularies of the time-derived fields
+
+_SEPARATOR_NAMES = {b"\t": "tab", b",": "comma", None: "whitespace"}
+_INT_CHARS = b"0123456789-"
+_HEX_CHARS = b"0123456789abcdef"
+_INT_RE = re.compile(rb"-?[0-9]+")
+_INT64_MAX = 2**63 - 1
+
+
+class Problems:
+    """Bad lines of one block: position in the block -> (field, problem); the first one wins."""
+
+    def __init__(self):
+        self.rows: dict[int, tuple[str | None, str]] = {}
+
+    def add(self, i: int, field: str | None, problem: str) -> None:
+        self.rows.setdefault(int(i), (field, problem))
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+
+def show(token: bytes, limit: int = 40) -> str:
+    """A token for an error message: its repr without the ``b``, shortened."""
+    text = repr(token)[1:]
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+# ----------------------------------------------------------------------------- column converters
+# Each takes one column (a tuple of raw byte tokens), records bad positions in `bad` with a
+# problem written "reason: detail" (the reason is what ReadStats counts), and returns an array
+# whose entries at bad positions are placeholders (those lines are dropped or raised).
+
+
+def parse_label(tokens: Sequence[bytes], field: str, bad: Problems,
+                values: dict[bytes, float]) -> np.ndarray:
+    """f32[N] labels from an exact token -> value table (e.g. ``{b"0": 0, b"1": 1}``)."""
+    out = np.fromiter(map(values.get, tokens, itertools.repeat(np.nan)), np.float32, len(tokens))
+    for i in np.flatnonzero(np.isnan(out)):
+        allowed = ", ".join(v.decode() for v in values)
+        bad.add(i, field, f"bad label: got {show(tokens[i])}, expected one of {{{allowed}}}")
+    return out
+
+
+def parse_ints(tokens: Sequence[bytes], field: str, bad: Problems,
+               allow_missing: bool = True) -> np.ndarray:
+    """i64[N] from decimal integers ``-?[0-9]+``; an empty token is 0 when ``allow_missing``."""
+    joined = b"".join(tokens)
+    # int() alone would also take " 1", "+1" and "1_000": the character check keeps it strict.
+    if not joined.translate(None, _INT_CHARS) and (allow_missing or b"" not in tokens):
+        try:
+            return np.fromiter([int(t) if t else 0 for t in tokens], np.int64, len(tokens))
+        except (ValueError, OverflowError):
+            pass  # e.g. "1-2" or a 20-digit number: find the culprits below
+    out = np.zeros(len(tokens), np.int64)
+    for i, t in enumerate(tokens):
+        if not t:
+            if not allow_missing:
+                bad.add(i, field, "missing value: the field is empty, expected an integer")
+        elif not _INT_RE.fullmatch(t):
+            bad.add(i, field, f"not an integer: got {show(t)}")
+        elif abs(int(t)) > _INT64_MAX:
+            bad.add(i, field, f"integer out of range: got {show(t)}, beyond 64 bits")
+        else:
+            out[i] = int(t)
+    return out
+
+
+def parse_floats(tokens: Sequence[bytes], field: str, bad: Problems) -> np.ndarray:
+    """f64[N] from decimal numbers; empty = 0 (missing); nan/inf are rejected."""
+    out = np.zeros(len(tokens), np.float64)
+    for i, t in enumerate(tokens):
+        if not t:
+            continue
+        try:
+            out[i] = float(t)
+        except ValueError:
+            bad.add(i, field, f"not a number: got {show(t)}")
+            continue
+        if not np.isfinite(out[i]):
+            bad.add(i, field, f"not a finite number: got {show(t)}")
+            out[i] = 0.0
+    return out
+
+
+def check_hex(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
+    """Every token is lowercase hex digits (or empty = missing), as Criteo writes its hashes."""
+    if not b"".join(tokens).translate(None, _HEX_CHARS):
+        return
+    for i, t in enumerate(tokens):
+        if t.translate(None, _HEX_CHARS):
+            bad.add(i, field, f"not a hex id: got {show(t)}, expected lowercase hex digits "
+                              "(or nothing for a missing value)")
+
+
+def check_text(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
+    """Every token decodes as UTF-8 (undecodable bytes mean a corrupt or binary file)."""
+    try:
+        b"".join(tokens).decode("utf-8")
+        return
+    except UnicodeDecodeError:
+        pass
+    for i, t in enumerate(tokens):
+        try:
+            t.decode("utf-8")
+        except UnicodeDecodeError:
+            bad.add(i, field, f"not UTF-8 text: got {show(t)}")
+
+
+def log1p_counts(values: np.ndarray) -> np.ndarray:
+    """f32: ``log1p(max(x, 0))``, the usual transform of count features (DLRM's Criteo recipe).
+
+    Negative counts (Criteo has some ``-1``, ``-2``) and missing values (parsed as 0) both map
+    to 0, so no NaN or inf can reach a batch.
+    """
+    return np.log1p(np.maximum(values, 0)).astype(np.float32)
+
+
+def hour_weekday(seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hour of day 0..23, weekday 0=Monday..6) of Unix times in seconds, UTC."""
+    days = np.floor_divide(seconds, 86400)
+    hour = np.floor_divide(seconds, 3600) % 24
+    return hour.astype(np.int32), ((days + 3) % 7).astype(np.int32)  # 1970-01-01 was a Thursday
+
+
+def table_salt(spec: FeatureSpec, field: str) -> int:
+    """Hash salt of a field: the index of the first field of its table.
+
+    Fields that share a table must put the same token in the same row, so they share a salt.
+    """
+    table = spec.field(field).table
+    return next(i for i, f in enumerate(spec.fields) if f.table == table)
+
+
+# ----------------------------------------------------------------------------- the base reader
+
+
+class TextSource:
+    """A line-oriented file of examples; subclasses define the columns and `convert`.
+
+    Class attributes:
+      kind: the source kind in specs (``criteo``).
+      delimiter: field separator, or None for any run of whitespace.
+      columns: names of the fields of a line, in file order (the header when there is one).
+      header: ``"none"``, ``"required"`` or ``"optional"`` (present iff the first token of
+        the first line equals ``columns[0]``).
+
+    Attributes:
+      name, spec, stats: the `DataSource` protocol.
+      path: the file.
+    """
+
+    kind: ClassVar[str] = ""
+    delimiter: ClassVar[bytes | None] = b"\t"
+    columns: ClassVar[tuple[str, ...]] = ()
+    header: ClassVar[str] = "none"
+
+    def __init__(self, path: str | os.PathLike, *, spec: FeatureSpec, name: str | None = None,
+                 skip_bad_lines: bool = False, chunk_rows: int = 65536):
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self.path = str(path)
+        self.name = name or f"{self.kind}:{self.path}"
+        self.spec = spec
+        self.stats = ReadStats()
+        self.skip_bad_lines = skip_bad_lines
+        self.chunk_rows = chunk_rows
+        self.has_header = self._check_start()
+
+    # -- subclass hooks
+
+    def convert(self, cols: list[Sequence[bytes]], bad: Problems
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+        """Columns of well-formed lines -> (dense f32[N, n_dense], ids i32[N, F, L], mask, label).
+
+        Record every bad value in `bad` (by position); the values there are then ignored.
+        """
+        raise NotImplementedError
+
+    def check_header(self, tokens: list[bytes]) -> None:
+        """Raise DataError unless the header names exactly `columns`, in order."""
+        got = [t.decode("utf-8", "replace") for t in tokens]
+        if got == list(self.columns):
+            return
+        missing = [c for c in self.columns if c not in got]
+        extra = [c for c in got if c not in self.columns]
+        detail = (f"missing {missing}" if missing else "") + (
+            f"{'; ' if missing else ''}unexpected {extra}" if extra else "")
+        raise DataError(self.path, 1, None,
+                        f"bad header: {detail or 'columns in a different order'}",
+                        f"The {self.kind} layout is {','.join(self.columns)}; "
+                        "fix the header or pick the right source kind")
+
+    # -- streaming
+
+    def chunks(self) -> Iterator[Chunk]:
+        """One pass over the file; resets `stats` when the pass starts."""
+        self.stats = ReadStats()
+        with open(self.path, "rb") as f:
+            line = 0  # 1-based number of the last line read
+            if self.has_header:
+                f.readline()
+                line = 1
+            row = 0
+            while lines := list(itertools.islice(f, self.chunk_rows)):
+                chunk = self._parse_block(lines, line + 1, row)
+                line += len(lines)
+                row += len(lines)
+                if chunk is not None:
+                    self.stats.rows += chunk.size
+                    yield chunk
+
+    def _check_start(self) -> bool:
+        """Fail early on a missing or empty file or a bad header; return whether there is one."""
+        if not os.path.exists(self.path):
+            raise DataError(self.path, None, None, "no such file",
+                            "Check the path (relative paths are also looked up under "
+                            "$RECJAX_DATA when you use --data KIND:PATH)")
+        if not os.path.isfile(self.path):
+            raise DataError(self.path, None, None, "not a regular file",
+                            "Give the path of the data file itself, not of its folder")
+        with open(self.path, "rb") as f:
+            first, second = f.readline(), f.readline()
+        if not first:
+            raise DataError(self.path, None, None, "empty file: no lines at all",
+                            "Check that the file was fully downloaded or extracted")
+        tokens = self._split(first)
+        has_header = self.header == "required" or (
+            self.header == "optional" and tokens[:1] == [self.columns[0].encode()])
+        if has_header:
+            self.check_header(tokens)
+            if not second:
+                raise DataError(self.path, 1, None, "no examples: the file has only a header",
+                                "Check that the file was fully downloaded or extracted")
+        return has_header
+
+    def _split(self, line: bytes) -> list[bytes]:
+        if self.delimiter is None:
+            return line.split()
+        return line.rstrip(b"\r\n").split(self.delimiter)
+
+    def _parse_block(self, lines: list[bytes], first_line: int, first_row: int) -> Chunk | None:
+        bad = Problems()
+        cols, pos = self._columns(lines, bad)
+        arrays = None
+        if len(pos):
+            sub = Problems()
+            arrays = self.convert(cols, sub)
+            for i, problem in sub.rows.items():
+                bad.add(pos[i], *problem)
+        if bad:
+            ordered = sorted(bad.rows.items())
+            errors = [DataError(self.path, first_line + i, field, problem, SKIP_HINT)
+                      for i, (field, problem) in ordered[: 1 if not self.skip_bad_lines else None]]
+            if not self.skip_bad_lines:
+                raise errors[0]
+            for err in errors:
+                self.stats.skip(err)
+            good = ~np.isin(pos, [i for i, _ in ordered])
+            pos = pos[good]
+            if arrays is not None:
+                arrays = tuple(None if a is None else a[good] for a in arrays)
+        if arrays is None or not len(pos):
+            return None
+        dense, ids, mask, label = arrays
+        return Chunk(dense=dense, ids=ids, mask=mask, label=label,
+                     row=(first_row + pos).astype(np.int64))
+
+    def _columns(self, lines: list[bytes], bad: Problems
+                 ) -> tuple[list[Sequence[bytes]], np.ndarray]:
+        """(columns of the well-formed lines, their positions in the block); records the rest."""
+        n_cols, sep = len(self.columns), self.delimiter
+        if sep is not None and list(map(bytes.count, lines, itertools.repeat(sep))).count(
+                n_cols - 1) == len(lines):
+            # Fast path, every line has the right field count: split the whole block at once and
+            # take columns by striding. No list per line, so no garbage-collector churn either.
+            data = b"".join(lines)
+            if not data.endswith(b"\n"):  # last line of a file without a final newline
+                data += b"\n"
+            flat = data.replace(b"\r\n", b"\n")[:-1].replace(b"\n", sep).split(sep)
+            return [flat[j::n_cols] for j in range(n_cols)], np.arange(len(lines))
+        rows = [self._split(ln) for ln in lines]
+        lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+        pos = np.flatnonzero(lengths == n_cols)
+        for i in np.flatnonzero(lengths != n_cols):
+            bad.add(i, *self._count_problem(int(lengths[i]), lines[i]))
+        rows = [rows[i] for i in pos]
+        return list(zip(*rows)), pos
+
+    def _count_problem(self, got: int, line: bytes) -> tuple[str | None, str]:
+        n = len(self.columns)
+        sep = _SEPARATOR_NAMES.get(self.delimiter, repr(self.delimiter))
+        if not line.strip():
+            return None, f"field count: empty line, expected {n} {sep}-separated fields"
+        if got < n:  # name the first field the line lacks
+            return self.columns[got], f"field count: expected {n} {sep}-separated fields, got {got}"
+        return self.columns[-1], (f"field count: expected {n} {sep}-separated fields, got {got} "
+                                  f"(extra fields after {self.columns[-1]!r})")

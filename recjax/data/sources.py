@@ -1,0 +1,111 @@
+"""``--data KIND:PATH`` -> a `DataSource`.
+
+Kinds live in the `SOURCES` registry, so a module can add its own without touching this one::
+
+    from recjax.data.sources import SOURCES
+    SOURCES["synthetic"] = lambda arg, name, options: SyntheticSource(arg or "default", ...)
+
+A factory is called as ``factory(arg, name, options)`` with ``arg`` the text after the first
+``:`` (``""`` when there is none, e.g. ``synthetic``), ``name`` the whole spec (for logs and
+summary.json) and ``options`` a `SourceOptions`. File-based kinds resolve ``arg`` with
+`resolve_path`: a relative path that does not exist from the working directory is also tried
+under ``$RECJAX_DATA``, so ``--data criteo:criteo_kaggle_8k/train.tsv`` works from anywhere once
+``RECJAX_DATA`` points at the data folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+from recjax.data.avazu import AvazuSource
+from recjax.data.base import DataError, DataSource
+from recjax.data.criteo import CriteoCSVSource, CriteoSource
+from recjax.data.libfm import FrappeSource
+from recjax.data.movielens import MovieLensSource
+from recjax.data.taobao import TaobaoSource
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """Reader options shared by all kinds (a kind ignores those it has no use for).
+
+    Attributes:
+      hash_buckets: buckets per hashed categorical field.
+      skip_bad_lines: skip (and count) malformed lines instead of raising `DataError`.
+      chunk_rows: lines parsed per block (the size of the chunks a source yields).
+      multi_hot_len: ids kept per multi-hot field (L of ``ids[B, F, L]``).
+    """
+
+    hash_buckets: int = 1 << 17
+    skip_bad_lines: bool = False
+    chunk_rows: int = 65536
+    multi_hot_len: int = 20
+
+
+SourceFactory = Callable[[str, str, SourceOptions], DataSource]
+
+
+def resolve_path(path: str) -> str:
+    """`path` if it exists, else ``$RECJAX_DATA/path`` for a relative path that exists there.
+
+    Raises:
+      DataError: neither exists; the message names both places that were tried.
+    """
+    if os.path.exists(path):
+        return path
+    root = os.environ.get("RECJAX_DATA")
+    tried = [os.path.abspath(path)]
+    if root and not os.path.isabs(path):
+        candidate = os.path.join(root, path)
+        if os.path.exists(candidate):
+            return candidate
+        tried.append(os.path.abspath(candidate))
+    hint = ("" if root else "; relative paths are also looked up under $RECJAX_DATA, "
+            "which is not set")
+    raise DataError(path, None, None, f"no such file (tried {', '.join(tried)})",
+                    f"Check the path{hint}")
+
+
+def _file_kind(make: Callable[..., DataSource], *options: str) -> SourceFactory:
+    """A factory for a file reader that takes the named `SourceOptions` fields as keywords."""
+
+    def factory(arg: str, name: str, opts: SourceOptions) -> DataSource:
+        if not arg:
+            raise ValueError(f"data spec {name!r} has no path; write KIND:PATH")
+        return make(resolve_path(arg), name=name, skip_bad_lines=opts.skip_bad_lines,
+                    chunk_rows=opts.chunk_rows, **{o: getattr(opts, o) for o in options})
+
+    return factory
+
+
+SOURCES: dict[str, SourceFactory] = {
+    "criteo": _file_kind(CriteoSource, "hash_buckets"),
+    "criteo-csv": _file_kind(CriteoCSVSource, "hash_buckets"),
+    "avazu": _file_kind(AvazuSource, "hash_buckets"),
+    "frappe": _file_kind(FrappeSource),
+    "movielens": _file_kind(MovieLensSource),
+    "taobao": _file_kind(TaobaoSource, "hash_buckets", "multi_hot_len"),
+}
+
+
+def open_source(spec: str, *, hash_buckets: int = 1 << 17, skip_bad_lines: bool = False,
+                chunk_rows: int = 65536, multi_hot_len: int = 20) -> DataSource:
+    """Open ``KIND:PATH`` (or ``KIND`` / ``KIND:NAME`` for kinds without a file).
+
+    Args:
+      spec: e.g. ``criteo:/data/criteo/train.tsv``, ``frappe:frappe/frappe.train.libfm``.
+      hash_buckets, skip_bad_lines, chunk_rows, multi_hot_len: see `SourceOptions`.
+
+    Raises:
+      ValueError: unknown kind (the message lists the known ones).
+      DataError: missing, empty or malformed file (header checks run here, before training).
+    """
+    kind, _, arg = spec.partition(":")
+    if kind not in SOURCES:
+        raise ValueError(f"unknown data kind {kind!r} in {spec!r}; known kinds: "
+                         f"{', '.join(sorted(SOURCES))} (write KIND:PATH)")
+    options = SourceOptions(hash_buckets=hash_buckets, skip_bad_lines=skip_bad_lines,
+                            chunk_rows=chunk_rows, multi_hot_len=multi_hot_len)
+    return SOURCES[kind](arg, spec, options)

@@ -1,0 +1,217 @@
+"""Synthetic CTR data from a known teacher, so the best achievable NE is known.
+
+Each categorical field draws ids from a truncated Zipf law (rank r has probability proportional
+to (r + 1)^-s), mapped through a fixed per-field bijection so popular ids are spread over the
+table as hashing would spread them. Dense features are log1p of log-normal counts. The label is
+Bernoulli(sigmoid(z + eps)) with the teacher logit
+
+    z = bias + sum_f w_f[id_f] + sum_{f<g} <v_f[id_f], v_g[id_g]> + u . dense,   eps ~ N(0, noise^2)
+
+(first-order + pairwise factorised terms, like an FM). The Bayes-optimal predictor is
+p*(x) = E_eps[sigmoid(z + eps)] (Gauss-Hermite quadrature; exactly sigmoid(z) without noise), and
+its NE on the eval stream is the floor any model can reach (`bayes_optimal`).
+
+Streams are deterministic functions of (seed, split, chunk index): every process and machine
+generates the same examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+
+import numpy as np
+
+from recjax.batch import Chunk
+from recjax.data.base import ReadStats
+from recjax.features import FeatureSpec, FieldSpec
+
+# Criteo Kaggle cardinalities (DLRM's preprocessing), used by the "criteo" preset.
+CRITEO_KAGGLE_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
+    5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticConfig:
+    """A synthetic task (select a preset with ``--data synthetic:NAME``).
+
+    Attributes:
+      name: preset name, recorded in summary.json.
+      n_dense: dense features.
+      cardinalities: vocabulary size of each categorical field.
+      zipf: Zipf exponent s of the id distribution (larger = more skewed).
+      teacher_dim: dimension k of the teacher's pairwise factors.
+      first_order_std: std of the teacher's first-order weights w.
+      pairwise_std: std of the teacher's factor entries v (pairwise term std ~ sqrt(P k) std^2).
+      dense_std: std of the teacher's dense weights u.
+      bias: teacher bias (sets the click rate).
+      noise: std of the unobserved logit noise eps.
+      n_train: training examples per epoch.
+      n_eval: eval examples.
+      seed: seed of the teacher and of the example streams.
+      teacher: whether labels come from the teacher (False: labels Bernoulli(0.25); only for
+        throughput runs on huge tables, where building the teacher would cost memory).
+    """
+
+    name: str = "default"
+    n_dense: int = 13
+    cardinalities: tuple[int, ...] = (4, 10, 25, 50, 100, 250, 500, 1000)
+    zipf: float = 1.1
+    teacher_dim: int = 2
+    first_order_std: float = 0.3
+    pairwise_std: float = 0.35
+    dense_std: float = 0.2
+    bias: float = -1.0
+    noise: float = 0.0
+    n_train: int = 1_000_000
+    n_eval: int = 100_000
+    seed: int = 1234
+    teacher: bool = True
+
+    def __post_init__(self):
+        if not self.cardinalities or min(self.cardinalities) < 1:
+            raise ValueError("synthetic.cardinalities must be non-empty, each >= 1")
+        if self.zipf <= 0:
+            raise ValueError(f"synthetic.zipf must be > 0, got {self.zipf}")
+        if self.n_train < 1 or self.n_eval < 1:
+            raise ValueError("synthetic.n_train and synthetic.n_eval must be >= 1")
+
+
+PRESETS: dict[str, SyntheticConfig] = {
+    "default": SyntheticConfig(),
+    "smoke": SyntheticConfig(name="smoke", n_dense=4, cardinalities=(10, 50, 200, 1000),
+                             n_train=50_000, n_eval=10_000),
+    # Criteo-Kaggle-shaped (DLRM's 26 tables, x0.5), no teacher: for throughput measurements.
+    "criteo": SyntheticConfig(name="criteo", n_dense=13,
+                              cardinalities=tuple(max(c // 2, 1) for c in CRITEO_KAGGLE_CARDINALITIES),
+                              zipf=1.05, n_train=4_000_000, n_eval=100_000, teacher=False),
+    # 26 fields with a teacher: for convergence studies at Criteo's field count.
+    "criteo_teacher": SyntheticConfig(name="criteo_teacher", n_dense=13,
+                                      cardinalities=(1000,) * 13 + (20000,) * 13,
+                                      pairwise_std=0.15, first_order_std=0.2,
+                                      n_train=2_000_000),
+}
+
+
+def preset(name: str) -> SyntheticConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown synthetic data {name!r}; presets: {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+class Teacher:
+    """The label model's parameters, drawn once from ``cfg.seed``."""
+
+    def __init__(self, cfg: SyntheticConfig):
+        rng = np.random.default_rng([cfg.seed, 7])
+        self.w = [rng.normal(0, cfg.first_order_std, c).astype(np.float32) for c in cfg.cardinalities]
+        self.v = [rng.normal(0, cfg.pairwise_std, (c, cfg.teacher_dim)).astype(np.float32)
+                  for c in cfg.cardinalities]
+        self.u = rng.normal(0, cfg.dense_std, cfg.n_dense).astype(np.float32)
+        self.bias = np.float32(cfg.bias)
+
+    def logits(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """z for dense f32[N, n_dense] and one-hot ids i32[N, F]."""
+        z = self.bias + dense @ self.u
+        vsum = np.zeros((ids.shape[0], self.v[0].shape[1]), np.float32)
+        vsq = np.zeros(ids.shape[0], np.float32)
+        for f in range(ids.shape[1]):
+            z = z + self.w[f][ids[:, f]]
+            vf = self.v[f][ids[:, f]]
+            vsum += vf
+            vsq += (vf * vf).sum(1)
+        # sum_{f<g} <v_f, v_g> = 0.5 (|sum_f v_f|^2 - sum_f |v_f|^2)
+        return z + 0.5 * ((vsum * vsum).sum(1) - vsq)
+
+
+def bayes_probs(z: np.ndarray, noise: float) -> np.ndarray:
+    """p*(x) = E[sigmoid(z + eps)], eps ~ N(0, noise^2), by 40-point Gauss-Hermite quadrature."""
+    if noise == 0:
+        return 1.0 / (1.0 + np.exp(-z.astype(np.float64)))
+    t, wts = np.polynomial.hermite.hermgauss(40)
+    zz = z.astype(np.float64)[:, None] + np.sqrt(2.0) * noise * t[None, :]
+    return (wts[None, :] / (1.0 + np.exp(-zz))).sum(1) / np.sqrt(np.pi)
+
+
+class _ZipfSampler:
+    """Truncated Zipf ranks via the inverse CDF, then a fixed bijection rank -> id."""
+
+    def __init__(self, card: int, s: float, field: int, seed: int):
+        p = (np.arange(1, card + 1, dtype=np.float64)) ** -s
+        self.cdf = np.cumsum(p / p.sum())
+        self.card = card
+        # id = (a * rank + c) mod card with gcd(a, card) = 1 is a bijection.
+        rng = np.random.default_rng([seed, 11, field])
+        a = int(rng.integers(1, max(card, 2)))
+        while np.gcd(a, card) != 1:
+            a += 1
+        self.a, self.c = a, int(rng.integers(0, card))
+
+    def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        ranks = np.searchsorted(self.cdf, rng.random(n), side="right")
+        ranks = np.minimum(ranks, self.card - 1)
+        return ((ranks * self.a + self.c) % self.card).astype(np.int32)
+
+
+class SyntheticSource:
+    """`DataSource` of a synthetic split ("train" or "eval"); see the module docstring."""
+
+    CHUNK = 65536
+
+    def __init__(self, cfg: SyntheticConfig, split: str = "train"):
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be train or eval, got {split!r}")
+        self.cfg, self.split = cfg, split
+        self.name = f"synthetic:{cfg.name}" + ("" if split == "train" else " (eval stream)")
+        self.spec = FeatureSpec(
+            dense_names=tuple(f"I{i + 1}" for i in range(cfg.n_dense)),
+            fields=tuple(FieldSpec(f"C{i + 1}", c) for i, c in enumerate(cfg.cardinalities)))
+        self.stats = ReadStats()
+        self.num_rows = cfg.n_train if split == "train" else cfg.n_eval
+        self._samplers = [_ZipfSampler(c, cfg.zipf, f, cfg.seed)
+                          for f, c in enumerate(cfg.cardinalities)]
+
+    @functools.cached_property
+    def teacher(self) -> Teacher:
+        return _teacher(self.cfg)
+
+    def _generate(self, index: int, n: int) -> tuple[Chunk, np.ndarray]:
+        rng = np.random.default_rng([self.cfg.seed, 0 if self.split == "train" else 1, index])
+        counts = np.floor(rng.lognormal(1.0, 1.5, (n, self.cfg.n_dense)))
+        dense = np.log1p(counts).astype(np.float32)
+        ids = np.stack([s(rng, n) for s in self._samplers], axis=1)
+        if self.cfg.teacher:
+            z = self.teacher.logits(dense, ids)
+            p = bayes_probs(z, self.cfg.noise)
+        else:
+            p = np.full(n, 0.25)
+        label = (rng.random(n) < p).astype(np.float32)
+        row = np.arange(index * self.CHUNK, index * self.CHUNK + n, dtype=np.int64)
+        return Chunk(dense, ids[:, :, None], None, label, row), p
+
+    def chunks(self) -> Iterator[Chunk]:
+        self.stats = ReadStats()
+        for index, start in enumerate(range(0, self.num_rows, self.CHUNK)):
+            chunk, _ = self._generate(index, min(self.CHUNK, self.num_rows - start))
+            self.stats.rows += chunk.size
+            yield chunk
+
+    def bayes_optimal(self) -> dict:
+        """Metrics of the Bayes-optimal predictor p* on this split's examples."""
+        from recjax.metrics import auc, logloss, normalized_entropy
+
+        labels, probs = [], []
+        for index, start in enumerate(range(0, self.num_rows, self.CHUNK)):
+            chunk, p = self._generate(index, min(self.CHUNK, self.num_rows - start))
+            labels.append(chunk.label)
+            probs.append(p)
+        y, p = np.concatenate(labels), np.concatenate(probs)
+        return {"ne": float(normalized_entropy(y, p)), "logloss": float(logloss(y, p)),
+                "auc": float(auc(y, p))}
+
+
+@functools.lru_cache(maxsize=4)
+def _teacher(cfg: SyntheticConfig) -> Teacher:
+    return Teacher(cfg)

@@ -1,0 +1,130 @@
+"""Taobao display-ad clicks with a click sequence (FuxiCTR's tiny CSV): ``taobao:PATH``.
+
+Layout: comma-separated with the header ``clk,time_stamp,userid,adgroup_id,...,click_sequence``
+(19 columns, `COLUMNS`).
+
+Features:
+
+* label = ``clk`` (0/1).
+* dense ``price`` -> ``log1p(max(x, 0))``; empty = 0.
+* ``time_stamp`` (``YYYY-MM-DD HH:MM:SS``) -> ``hour_of_day`` (24) and ``weekday`` (7) fields.
+* the 15 profile/ad columns: one-hot, each hashed on its own into ``hash_buckets`` buckets
+  (UTF-8 text; empty = its own category, as FuxiCTR does).
+* ``click_sequence``: ``^``-separated ids, a multi-hot field of ``max_len`` = ``multi_hot_len``
+  ids that shares the ``adgroup_id`` table (as FuxiCTR's ``share_embedding``), so a clicked id
+  and the same ad group hash to the same row. Longer sequences keep their first ``max_len`` ids;
+  the number of truncated examples is counted in ``stats.truncated``. An empty sequence is all
+  padding (mask 0).
+
+``mask`` is f32[B, F, L]: 1 at real ids; a one-hot field has its id at position 0 only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from recjax.data.hashing import hash_tokens
+from recjax.data.readers import (
+    HOUR_VOCAB,
+    WEEKDAY_VOCAB,
+    Problems,
+    TextSource,
+    check_text,
+    log1p_counts,
+    parse_floats,
+    parse_label,
+    show,
+    table_salt,
+)
+from recjax.features import FeatureSpec, FieldSpec
+
+COLUMNS = ("clk", "time_stamp", "userid", "adgroup_id", "pid", "cate_id", "campaign_id",
+           "customer", "brand", "price", "cms_segid", "cms_group_id", "final_gender_code",
+           "age_level", "pvalue_level", "shopping_level", "occupation", "new_user_class_level",
+           "click_sequence")
+CAT_NAMES = tuple(c for c in COLUMNS[2:-1] if c != "price")
+SEQUENCE, SHARES = "click_sequence", "adgroup_id"
+LABELS = {b"0": 0.0, b"1": 1.0}
+
+
+def taobao_spec(hash_buckets: int, max_len: int) -> FeatureSpec:
+    fields = (FieldSpec("hour_of_day", HOUR_VOCAB), FieldSpec("weekday", WEEKDAY_VOCAB),
+              *(FieldSpec(name, hash_buckets) for name in CAT_NAMES),
+              FieldSpec(SEQUENCE, hash_buckets, max_len=max_len, table=SHARES))
+    return FeatureSpec(dense_names=("price",), fields=fields)
+
+
+def parse_datetime(tokens: Sequence[bytes], field: str, bad: Problems
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(hour of day, weekday) of ``YYYY-MM-DD HH:MM:SS`` tokens, parsed once per distinct value."""
+    uniq, inverse = np.unique(np.array(tokens, dtype=object), return_inverse=True)
+    hour_u, weekday_u, ok_u = (np.zeros(len(uniq), dtype) for dtype in (np.int32, np.int32, bool))
+    for u, token in enumerate(uniq):
+        try:
+            when = datetime.datetime.strptime(token.decode("ascii"), "%Y-%m-%d %H:%M:%S")
+        except (UnicodeDecodeError, ValueError):
+            continue
+        hour_u[u], weekday_u[u], ok_u[u] = when.hour, when.weekday(), True
+    for i in np.flatnonzero(~ok_u[inverse]):
+        bad.add(i, field, f"bad time: got {show(tokens[i])}, expected YYYY-MM-DD HH:MM:SS")
+    return hour_u[inverse], weekday_u[inverse]
+
+
+class TaobaoSource(TextSource):
+    """``taobao:PATH``: one-hot ad/profile fields plus the multi-hot ``click_sequence``."""
+
+    kind = "taobao"
+    delimiter = b","
+    columns = COLUMNS
+    header = "required"
+
+    def __init__(self, path: str | os.PathLike, *, hash_buckets: int = 1 << 17,
+                 multi_hot_len: int = 20, name: str | None = None, skip_bad_lines: bool = False,
+                 chunk_rows: int = 65536):
+        if multi_hot_len < 2:
+            # With L = 1 the batch contract drops the mask, and an empty sequence needs one.
+            raise ValueError(f"multi_hot_len must be >= 2 for {SEQUENCE}, got {multi_hot_len}")
+        self.hash_buckets = hash_buckets
+        self.max_len = multi_hot_len
+        super().__init__(path, spec=taobao_spec(hash_buckets, multi_hot_len), name=name,
+                         skip_bad_lines=skip_bad_lines, chunk_rows=chunk_rows)
+
+    def convert(self, cols: list[Sequence[bytes]], bad: Problems):
+        n, n_fields = len(cols[0]), self.spec.n_fields
+        label = parse_label(cols[0], "clk", bad, LABELS)
+        dense = log1p_counts(parse_floats(cols[COLUMNS.index("price")], "price", bad))[:, None]
+        ids = np.zeros((n, n_fields, self.max_len), np.int32)
+        mask = np.zeros((n, n_fields, self.max_len), np.float32)
+        mask[:, :-1, 0] = 1.0  # every one-hot field has exactly one real id
+        ids[:, 0, 0], ids[:, 1, 0] = parse_datetime(cols[1], "time_stamp", bad)
+        for k, name in enumerate(CAT_NAMES, start=2):
+            tokens = cols[COLUMNS.index(name)]
+            check_text(tokens, name, bad)
+            ids[:, k, 0] = hash_tokens(tokens, table_salt(self.spec, name), self.hash_buckets)
+        self._sequence(cols[-1], ids, mask, bad)
+        return dense, ids, mask, label
+
+    def _sequence(self, tokens: Sequence[bytes], ids: np.ndarray, mask: np.ndarray,
+                  bad: Problems) -> None:
+        """Fill the last field of `ids`/`mask` from ``^``-separated id lists."""
+        check_text(tokens, SEQUENCE, bad)
+        seqs = [t.split(b"^") if t else [] for t in tokens]
+        lengths = np.fromiter(map(len, seqs), np.int64, len(seqs))
+        for i, seq in enumerate(seqs):
+            if b"" in seq:
+                bad.add(i, SEQUENCE, f"empty id in sequence: got {show(tokens[i])}, expected "
+                                     "ids separated by single '^'")
+        # Counted before bad lines are dropped: a line both bad and long counts here too.
+        self.stats.truncated[SEQUENCE] += int(np.sum(lengths > self.max_len))
+        kept = np.minimum(lengths, self.max_len)
+        flat = list(itertools.chain.from_iterable(s[: self.max_len] for s in seqs))
+        rows = np.repeat(np.arange(len(seqs)), kept)
+        pos = np.arange(len(flat)) - np.repeat(np.cumsum(kept) - kept, kept)
+        salt = table_salt(self.spec, SEQUENCE)
+        ids[rows, -1, pos] = hash_tokens(flat, salt, self.hash_buckets)
+        mask[rows, -1, pos] = 1.0

@@ -1,0 +1,69 @@
+"""Configuration of the dense part of a CTR model (interaction + MLPs).
+
+Defaults follow the DLRM Criteo-Kaggle configuration of Naumov et al. (2019): dense features
+13-512-256-64-16 through the bottom MLP, 27 vectors of dim 16 into the dot interaction
+(351 pairs + 16 = 367 inputs), then 367-512-256-1 through the top MLP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The model names `--model` accepts; `recjax.models.MODELS` maps each to its module class.
+MODEL_NAMES = ("lr", "fm", "wide_deep", "deepfm", "dlrm", "dcn")
+
+
+def _layer_sizes(field: str, value) -> tuple[int, ...]:
+    """Coerce an override (a list from JSON or the CLI) to a tuple and check each width."""
+    sizes = tuple(int(n) for n in value)
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"model.{field}: every layer width must be >= 1, got {value!r}")
+    return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Which model to build and the sizes of its dense layers.
+
+    Attributes:
+      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn``.
+      embed_dim: D, the width of every field's embedding (group ``"emb"``).
+      bottom_mlp: DLRM hidden widths over the dense features; the bottom MLP is
+        ``bottom_mlp + (embed_dim,)`` so its output can join the dot interaction.
+      top_mlp: DLRM hidden widths after the interaction; a final 1-unit linear layer is added.
+      deep_mlp: hidden widths of the deep tower of Wide&Deep, DeepFM and DCN.
+      cross_layers: number of DCN cross layers (0 leaves x0 unchanged: a deep + linear model).
+      interaction_self: DLRM only: also include the i == j dot products (N(N+1)/2 pairs instead
+        of the strictly upper N(N-1)/2).
+    """
+
+    name: str = "dlrm"  # model family, one of MODEL_NAMES
+    embed_dim: int = 16  # D: embedding width of every field
+    bottom_mlp: tuple[int, ...] = (512, 256, 64)  # DLRM bottom hidden widths; + (embed_dim,)
+    top_mlp: tuple[int, ...] = (512, 256)  # DLRM top hidden widths; + a 1-unit output layer
+    deep_mlp: tuple[int, ...] = (400, 400)  # deep tower of wide_deep / deepfm / dcn
+    cross_layers: int = 3  # DCN: number of cross layers
+    interaction_self: bool = False  # DLRM: include the i == j pairs in the dot interaction
+
+    def __post_init__(self):
+        if self.name not in MODEL_NAMES:
+            raise ValueError(
+                f"model.name: unknown model {self.name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        if self.embed_dim < 1:
+            raise ValueError(f"model.embed_dim must be >= 1, got {self.embed_dim}")
+        for field in ("bottom_mlp", "top_mlp", "deep_mlp"):
+            # Frozen: write the normalised tuple back through object.__setattr__.
+            object.__setattr__(self, field, _layer_sizes(field, getattr(self, field)))
+        if self.cross_layers < 0:
+            raise ValueError(f"model.cross_layers must be >= 0, got {self.cross_layers}")
+
+    @property
+    def bottom_layers(self) -> tuple[int, ...]:
+        """The DLRM bottom MLP widths including the forced last layer of width ``embed_dim``."""
+        return (*self.bottom_mlp, self.embed_dim)
+
+    @classmethod
+    def smoke(cls, name: str = "dlrm") -> ModelConfig:
+        """A small configuration of ``name`` that trains on a laptop CPU in seconds."""
+        return cls(name=name, embed_dim=8, bottom_mlp=(32, 16), top_mlp=(32, 16),
+                   deep_mlp=(32, 32), cross_layers=2)

@@ -1,0 +1,192 @@
+"""The weights-rich operators of CTR models, as small pure functions, plus an MLP.
+
+Each operator reduces over the field axis F (or over the flattened field features), which is
+what DES (Rong et al., SIGIR 2020, Sec. 4) exploits: with fields sharded across devices, every
+device computes the operator's partial result over its own fields and one ``psum`` recombines
+it. The docstrings say which partial result that is; ``sharding/des.py`` substitutes these
+functions and is tested against them.
+
+Layout of the "flattened" model input used by the deep towers and DCN:
+``x0 = concat(emb.reshape(B, F * D), dense)``, field-major, so field ``f`` owns columns
+``[f * D, (f + 1) * D)`` of x0 and rows ``[f * D, (f + 1) * D)`` of the first layer's kernel.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def first_order(wide_acts: jax.Array) -> jax.Array:
+    """First-order (linear) term of LR/FM: the sum of the per-field weights.
+
+    For one-hot fields ``x_j = 1`` at the looked-up id, so ``sum_j w_j x_j`` is the sum over
+    fields of the looked-up dim-1 "embeddings".
+
+    Args:
+      wide_acts: f32[B, F, 1] looked-up first-order weights (group ``"wide"``).
+
+    Returns:
+      f32[B] the sum over fields. DES: ``psum`` of the sum over the local fields.
+
+    References:
+      Rong et al., "Distributed Equivalent Substitution Training for Large-Scale Recommender
+      Systems", SIGIR 2020, Sec. 4.1 (LR).
+    """
+    return jnp.sum(wide_acts, axis=(1, 2))
+
+
+def fm_second_order(emb: jax.Array) -> jax.Array:
+    """FM pairwise term ``sum_{i<j} <v_i, v_j>`` in Rendle's O(F*D) sum-square form.
+
+    ``0.5 * sum_d((sum_f v_fd)^2 - sum_f v_fd^2)`` (Rendle 2010, Lemma 3.1), instead of the
+    O(F^2 * D) sum over pairs.
+
+    Args:
+      emb: f32[B, F, D] field embeddings (group ``"emb"``).
+
+    Returns:
+      f32[B] the second-order interaction. DES: with ``M1 = sum_f v_f`` and
+      ``M2 = sum_f v_f^2`` summed over local fields,
+      ``0.5 * <psum(M1), psum(M1)> - 0.5 * sum_d psum(M2)``.
+
+    References:
+      Rendle, "Factorization Machines", ICDM 2010, Eq. 1 and Lemma 3.1.
+      Rong et al., SIGIR 2020, Sec. 4.2 (FM).
+    """
+    square_of_sum = jnp.square(jnp.sum(emb, axis=1))  # (sum_f v_f)^2, [B, D]
+    sum_of_square = jnp.sum(jnp.square(emb), axis=1)  # sum_f v_f^2,   [B, D]
+    return 0.5 * jnp.sum(square_of_sum - sum_of_square, axis=-1)
+
+
+def interaction_pairs(n: int, self_pairs: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column indices ``(i, j)`` of the pairs `dot_interaction` returns, in its order.
+
+    Args:
+      n: N, the number of interacting vectors.
+      self_pairs: include ``i == j``.
+
+    Returns:
+      Two int arrays of length N(N-1)/2 (or N(N+1)/2 with self pairs): the upper triangle of an
+      N x N matrix in row-major order, ``(0,1), (0,2), ..., (0,N-1), (1,2), ...``.
+    """
+    return np.triu_indices(n, k=0 if self_pairs else 1)
+
+
+def dot_interaction(vectors: jax.Array, self_pairs: bool = False) -> jax.Array:
+    """DLRM dot interaction: the dot products of all pairs of vectors.
+
+    ``Z = V V^T`` per example, then the upper triangle of Z in row-major order
+    (`interaction_pairs`). The reference DLRM takes the strictly *lower* triangle in row-major
+    order, i.e. the same values in a permuted order; a model trained there maps here by
+    permuting the rows of the top MLP's first kernel.
+
+    Args:
+      vectors: f32[B, N, D] the interacting vectors (DLRM: bottom MLP output then embeddings).
+      self_pairs: include the i == j products (squared norms).
+
+    Returns:
+      f32[B, N(N-1)/2], or f32[B, N(N+1)/2] with ``self_pairs``.
+
+    References:
+      Naumov et al., "Deep Learning Recommendation Model for Personalization and Recommendation
+      Systems", arXiv 1906.00091, 2019, Sec. 2.1.3 / 3 ("dot" interaction).
+    """
+    i, j = interaction_pairs(vectors.shape[1], self_pairs)
+    z = jnp.einsum("bnd,bmd->bnm", vectors, vectors)
+    return z[:, i, j]
+
+
+def cross_layer(x0: jax.Array, x: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
+    """One DCN cross layer: ``x_{l+1} = x_0 x_l^T w_l + b_l + x_l``.
+
+    ``x_0 x_l^T w_l`` is computed as ``x_0 * (x_l . w_l)``: a scalar per example times x_0,
+    O(K) instead of forming the K x K outer product.
+
+    Args:
+      x0: f32[B, K] the input of the cross network, x_0.
+      x: f32[B, K] the previous layer's output, x_l.
+      w: f32[K] the layer's weight vector, w_l.
+      b: f32[K] the layer's bias, b_l.
+
+    Returns:
+      f32[B, K] x_{l+1}. DES: ``x_l . w_l`` is a sum over features, so
+      ``x0 * psum(x_local . w_local) + b + x``.
+
+    References:
+      Wang et al., "Deep & Cross Network for Ad Click Predictions", ADKDD 2017, Eq. 3.
+      Rong et al., SIGIR 2020, Sec. 4.4 (DCN).
+    """
+    return x0 * (x @ w)[:, None] + b + x
+
+
+class MLP(nn.Module):
+    """A stack of Dense layers with ReLU between them.
+
+    Parameters are named ``layer_0 .. layer_{n-1}``, each ``{"kernel": [in, out], "bias": [out]}``
+    (Flax defaults: LeCun-normal kernels, zero biases). An MLP with no layers is the identity.
+
+    Attributes:
+      features: output width of each layer.
+      last_linear: no ReLU after the last layer (an output layer producing logits); False for
+        a tower whose output feeds another layer (DLRM bottom, DCN deep tower).
+    """
+
+    features: tuple[int, ...]
+    last_linear: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n = len(self.features)
+        for i, width in enumerate(self.features):
+            x = nn.Dense(width, name=f"layer_{i}")(x)
+            if i < n - 1 or not self.last_linear:
+                x = nn.relu(x)
+        return x
+
+
+def flatten_inputs(emb: jax.Array, dense: jax.Array) -> jax.Array:
+    """``x0 = concat(emb.reshape(B, F * D), dense)``: the field-major input of deep towers.
+
+    Args:
+      emb: f32[B, F, D] field embeddings.
+      dense: f32[B, n_dense] dense features (n_dense may be 0).
+
+    Returns:
+      f32[B, F * D + n_dense].
+    """
+    return jnp.concatenate([emb.reshape(emb.shape[0], -1), dense.astype(emb.dtype)], axis=1)
+
+
+def check_inputs(model: str, acts: dict, dense: jax.Array, groups: dict[str, int],
+                 n_fields: int, n_dense: int) -> None:
+    """Raise a readable error when the activations or dense features have the wrong shape.
+
+    Runs at trace time (shapes are static), so a mismatch is reported before XLA sees it.
+
+    Args:
+      model: model name for the message.
+      acts: the activation groups passed to the model.
+      dense: the dense features passed to the model.
+      groups: group name -> embedding dim the model consumes.
+      n_fields: F the model was built for.
+      n_dense: number of dense features the model was built for.
+    """
+    if dense.ndim != 2 or dense.shape[1] != n_dense:
+        raise ValueError(
+            f"{model}: dense features have shape {tuple(dense.shape)}, expected (B, {n_dense}); "
+            "build the model from the same FeatureSpec as the data")
+    batch = dense.shape[0]
+    for group, dim in groups.items():
+        if group not in acts:
+            raise ValueError(
+                f"{model}: needs activation group {group!r} (got {sorted(acts)}); look up the "
+                "groups that recjax.models.embedding_groups(cfg) lists")
+        shape = tuple(acts[group].shape)
+        if shape != (batch, n_fields, dim):
+            raise ValueError(
+                f"{model}: activation group {group!r} has shape {shape}, expected "
+                f"({batch}, {n_fields}, {dim}) = (B, n_fields, dim); check embed_dim and the "
+                "FeatureSpec the tables were built from")

@@ -1,0 +1,68 @@
+"""Run outputs: metrics.jsonl, optional TensorBoard events, summary.json (written atomically)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe: numpy scalars -> python, NaN/inf -> None (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    """Write JSON to a temp file in the same directory, then rename over `path`."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(_clean(obj), f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class MetricsWriter:
+    """Appends one JSON object per record to ``out/metrics.jsonl``; mirrors scalars to TensorBoard.
+
+    With ``out=""`` it writes nothing (a run without --out).
+    """
+
+    def __init__(self, out: str, tensorboard: bool = False, append: bool = False):
+        self._f = None
+        self._tb = None
+        if out:
+            os.makedirs(out, exist_ok=True)
+            self._f = open(os.path.join(out, "metrics.jsonl"), "a" if append else "w")  # noqa: SIM115 (lives with the writer)
+            if tensorboard:
+                from tensorboardX import SummaryWriter  # optional dependency, only when asked
+
+                self._tb = SummaryWriter(os.path.join(out, "tb"))
+
+    def write(self, record: dict) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(_clean(record)) + "\n")
+            self._f.flush()
+        if self._tb is not None:
+            step = int(record.get("step", 0))
+            kind = record.get("kind", "train")
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k not in ("step",) and math.isfinite(v):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+        if self._tb is not None:
+            self._tb.close()

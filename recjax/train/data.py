@@ -1,0 +1,87 @@
+"""Open a run's training and eval data from its config."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from recjax.config import Config
+from recjax.data.base import DataSource
+from recjax.data.pipeline import cached, holdout_split
+from recjax.data.sources import open_source
+from recjax.data.synthetic import SyntheticSource
+from recjax.features import FeatureSpec
+
+Keep = Callable[[np.ndarray], np.ndarray] | None
+
+
+@dataclasses.dataclass
+class RunData:
+    """Attributes:
+      train, eval: sources (the same object when eval is a hold-out split of train).
+      keep_train, keep_eval: row predicates selecting each split (None = every row).
+      eval_desc: what the eval set is, for logs and summary.json.
+      train_rows, eval_rows: examples in each split.
+    """
+
+    train: DataSource
+    eval: DataSource
+    keep_train: Keep
+    keep_eval: Keep
+    eval_desc: str
+    train_rows: int
+    eval_rows: int
+
+    @property
+    def spec(self) -> FeatureSpec:
+        return self.train.spec
+
+
+def _count(source: DataSource, keep: Keep) -> int:
+    n = 0
+    for chunk in source.chunks():
+        n += chunk.size if keep is None else int(np.count_nonzero(keep(chunk.row)))
+    return n
+
+
+def _open(cfg: Config, spec: str) -> DataSource:
+    if spec == "synthetic" or spec.startswith("synthetic:"):
+        return SyntheticSource(cfg.synthetic, "train")
+    source = open_source(spec, hash_buckets=cfg.data.hash_buckets,
+                         skip_bad_lines=cfg.data.skip_bad_lines,
+                         multi_hot_len=cfg.data.multi_hot_len)
+    return cached(source, cfg.data.cache_rows)
+
+
+def open_data(cfg: Config) -> RunData:
+    """Training data and its eval set: ``data.eval`` if given, else a seeded hold-out split.
+
+    Synthetic data evaluates on its own eval stream (fresh examples of the same teacher).
+    """
+    train = _open(cfg, cfg.data.train)
+    if cfg.data.eval:
+        ev = _open(cfg, cfg.data.eval)
+        if ev.spec != train.spec:
+            raise ValueError(f"eval data {cfg.data.eval!r} has another schema than training data "
+                             f"{cfg.data.train!r}; use the same format and --data.hash_buckets")
+        keep_train = keep_eval = None
+        desc = cfg.data.eval
+    elif isinstance(train, SyntheticSource):
+        ev = SyntheticSource(cfg.synthetic, "eval")
+        keep_train = keep_eval = None
+        desc = f"synthetic:{cfg.synthetic.name} eval stream ({cfg.synthetic.n_eval} fresh examples)"
+    else:
+        ev = train
+        keep_train, keep_eval = holdout_split(cfg.train.seed, cfg.data.holdout)
+        desc = (f"seeded hold-out split of {cfg.data.train}: {cfg.data.holdout:.0%} of rows "
+                f"(seed {cfg.train.seed})")
+    train_rows = train.num_rows if isinstance(train, SyntheticSource) else _count(train, keep_train)
+    eval_rows = ev.num_rows if isinstance(ev, SyntheticSource) else _count(ev, keep_eval)
+    if train_rows < cfg.train.batch_size:
+        raise ValueError(f"{cfg.data.train}: {train_rows} training examples, fewer than one batch "
+                         f"of {cfg.train.batch_size}; lower --batch-size")
+    if eval_rows == 0:
+        raise ValueError(f"eval set {desc} is empty")
+    return RunData(train, ev, keep_train, keep_eval, desc, train_rows, eval_rows)

@@ -1,0 +1,202 @@
+"""The single-device trainer, read top to bottom: data -> state -> jitted steps -> eval -> files.
+
+    summary = run(cfg)
+
+Data order is a pure function of (seed, epoch), so a run resumed from the checkpoint at step k
+replays exactly the batches an uninterrupted run would have seen from step k on; together with
+XLA:CPU's deterministic kernels this makes resumed runs bitwise equal to uninterrupted ones
+(tests/test_train.py).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from recjax import metrics
+from recjax.batch import Batch
+from recjax.checkpoint import Checkpointer
+from recjax.concurrency import Prefetcher
+from recjax.config import Config
+from recjax.data.pipeline import batches
+from recjax.data.synthetic import SyntheticSource
+from recjax.metrics.logloss import sigmoid
+from recjax.runlog import MetricsWriter, write_json_atomic
+from recjax.train.data import RunData, open_data
+from recjax.train.setup import build, count_params
+from recjax.train.step import StepMetrics, jit_predict, jit_train_step
+
+
+def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
+                  steps_per_epoch: int) -> Iterator[Batch]:
+    """Training batches for steps [start_step, total_steps): epoch e is shuffled by (seed, e)."""
+    step = start_step
+    epoch, skip = divmod(start_step, steps_per_epoch)
+    while step < total_steps:
+        stream = batches(data.train, cfg.train.batch_size, seed=cfg.train.seed, epoch=epoch,
+                         shuffle_buffer=cfg.data.shuffle_buffer, drop_remainder=True,
+                         keep=data.keep_train)
+        for i, (batch, _) in enumerate(stream):
+            if i < skip:
+                continue
+            yield batch
+            step += 1
+            if step >= total_steps:
+                return
+        epoch, skip = epoch + 1, 0
+
+
+def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:
+    """Eval metrics over the whole eval set in input order, and (labels, probs) if asked."""
+    exact = data.eval_rows <= 20_000_000
+    rm = metrics.RunningMetrics(keep_predictions=exact)
+    preds = [] if cfg.train.save_predictions else None
+    stream = batches(data.eval, cfg.train.eval_batch_size, seed=cfg.train.seed, epoch=0,
+                     shuffle_buffer=0, drop_remainder=False, keep=data.keep_eval)
+    for batch, n in stream:
+        logits = np.asarray(predict(params, tables, batch))[:n]
+        rm.update(batch.label[:n], logits)
+        if preds is not None:
+            preds.append(np.stack([batch.label[:n], sigmoid(logits)], 1))
+    out = rm.result()
+    return out, (np.concatenate(preds) if preds is not None else None)
+
+
+def _sum_metrics(ms: list[StepMetrics]) -> dict:
+    host = jax.device_get(ms)
+    s = {k: float(sum(getattr(m, k) for m in host)) for k in StepMetrics._fields}
+    s["loss"] = float(host[-1].loss)
+    return s
+
+
+def _ne(s: dict) -> float:
+    ctr = s["label_sum"] / max(s["count"], 1.0)
+    h = metrics.binary_entropy(ctr)
+    return s["logloss_sum"] / max(s["count"], 1.0) / h if h > 0 else float("nan")
+
+
+def run(cfg: Config) -> dict:
+    """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict."""
+    t0 = time.perf_counter()
+    tc = cfg.train
+    data = open_data(cfg)
+    model, tx, sparse_opt, state = build(cfg, data.spec)
+    steps_per_epoch = data.train_rows // tc.batch_size
+    total_steps = tc.steps or tc.epochs * steps_per_epoch
+
+    ckpt = Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts) if tc.out else None
+    if tc.resume:
+        state, _ = ckpt.restore(state)
+    start_step = int(state.step)
+    step_fn, predict = jit_train_step(model, tx, sparse_opt), jit_predict(model)
+
+    writer = MetricsWriter(tc.out, tc.tensorboard, append=tc.resume)
+    meta = {"config": cfg.to_dict()}
+    stop_at = min(total_steps, tc.stop_after) if tc.stop_after else total_steps
+    bar = tqdm(total=total_steps, initial=start_step, disable=not tc.progress, unit="step",
+               dynamic_ncols=True, desc=f"{cfg.model.name} on {cfg.data.train}")
+
+    window: list[StepMetrics] = []
+    totals = dict.fromkeys(StepMetrics._fields, 0.0)
+    t_first = t_last_log = None
+    step, interrupted, last_eval = start_step, False, None
+    prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
+                          depth=cfg.data.prefetch, transform=jax.device_put)
+    try:
+        for batch in prefetch:
+            state, m = step_fn(state, batch)
+            window.append(m)
+            step += 1
+            if t_first is None:  # the first step includes compilation: time from its end
+                jax.block_until_ready(m.loss)
+                t_first = t_last_log = time.perf_counter()
+                first_step = step
+            if step % tc.log_every == 0 or step == stop_at:
+                s = _sum_metrics(window)
+                now = time.perf_counter()
+                rate = s["count"] / max(now - t_last_log, 1e-9) if step > first_step else 0.0
+                for k in StepMetrics._fields:
+                    totals[k] += s[k]
+                rec = {"kind": "train", "step": step, "epoch": (step - 1) // steps_per_epoch,
+                       "examples": step * tc.batch_size, "loss": s["loss"],
+                       "train_ne_window": _ne(s), "train_ne": _ne(totals),
+                       "examples_per_sec": rate, "wall": now - t0}
+                writer.write(rec)
+                bar.set_postfix(loss=f"{s['loss']:.4f}", ne=f"{rec['train_ne']:.4f}",
+                                ex_s=f"{rate:,.0f}", refresh=False)
+                bar.update(len(window))
+                window, t_last_log = [], now
+            if tc.eval_every and step % tc.eval_every == 0 and step < stop_at:
+                last_eval, _ = evaluate(cfg, data, predict, state.params, state.tables)
+                writer.write({"kind": "eval", "step": step, **last_eval})
+            if ckpt and ((tc.ckpt_every and step % tc.ckpt_every == 0)
+                         or step % steps_per_epoch == 0) and step < stop_at:
+                ckpt.save(step, state, meta)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        prefetch.close()
+        bar.close()
+    t_train_end = time.perf_counter()
+    if ckpt and step > start_step:
+        ckpt.save(step, state, meta)  # state is always between steps here: a consistent point
+    if interrupted or step < total_steps:
+        if ckpt:
+            ckpt.close()
+        writer.close()
+        print(f"stopped at step {step}/{total_steps}; resume with --resume --out {tc.out}")
+        if interrupted:
+            raise KeyboardInterrupt
+        return {"stopped_at": step, "steps": step}
+
+    ev, preds = evaluate(cfg, data, predict, state.params, state.tables)
+    writer.write({"kind": "eval", "step": step, **ev})
+    timed = step - (first_step if t_first else step)
+    summary = {
+        "algorithm": tc.algo, "model": cfg.model.name, "dataset": cfg.data.train,
+        "eval_dataset": data.eval_desc,
+        "examples": step * tc.batch_size, "steps": step, "epochs": step / steps_per_epoch,
+        "batch_size": tc.batch_size,
+        "wall_seconds": time.perf_counter() - t0,
+        "train_seconds": t_train_end - (t_first or t_train_end),
+        "examples_per_sec": timed * tc.batch_size / max(t_train_end - (t_first or t_train_end), 1e-9),
+        "train_ne": _ne(totals) if totals["count"] else float("nan"),
+        "train_loss_last": float(jax.device_get(m.loss)) if step > start_step else None,
+        "eval_auc": ev["auc"], "eval_auc_error_bound": ev["auc_error_bound"],
+        "eval_logloss": ev["logloss"], "eval_ne": ev["ne"], "eval_calibration": ev["calibration"],
+        "eval_examples": ev["examples"], "eval_ctr": ev["ctr"],
+        "train_examples_per_epoch": data.train_rows,
+        "data_stats": {"train": data.train.stats.as_dict(), "eval": data.eval.stats.as_dict()},
+        **count_params(state),
+        "resumed_from_step": start_step if tc.resume else None,
+        "hardware": {"platform": jax.default_backend(), "devices": jax.device_count(),
+                     "device_kind": jax.devices()[0].device_kind, "cpu": platform.processor(),
+                     "cores": os.cpu_count(), "jax": jax.__version__},
+        "config": cfg.to_dict(),
+    }
+    if isinstance(data.eval, SyntheticSource) and cfg.synthetic.teacher:
+        bayes = data.eval.bayes_optimal()
+        summary.update(bayes_eval_ne=bayes["ne"], bayes_eval_auc=bayes["auc"],
+                       eval_ne_gap_to_bayes=ev["ne"] - bayes["ne"])
+    if tc.out:
+        write_json_atomic(os.path.join(tc.out, "summary.json"), summary)
+        if preds is not None:
+            _write_predictions(os.path.join(tc.out, "predictions.csv"), preds)
+    if ckpt:
+        ckpt.close()
+    writer.close()
+    return summary | {"final_state": state}
+
+
+def _write_predictions(path: str, preds: np.ndarray) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("label,prob\n")
+        np.savetxt(f, preds, fmt=["%d", "%.7g"], delimiter=",")
+    os.replace(tmp, path)

@@ -1,0 +1,60 @@
+"""Build a run's pieces from its config: model, optimizers, initial state."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from recjax.config import Config, DenseOptimConfig
+from recjax.embeddings import init_tables, make_layout, make_sparse_optimizer
+from recjax.features import FeatureSpec
+from recjax.models import build_model, embedding_groups
+from recjax.train.step import Model, TrainState
+
+
+def make_dense_tx(cfg: DenseOptimConfig) -> optax.GradientTransformation:
+    """The dense optimizer as an optax chain (optional global-norm clipping first)."""
+    if cfg.name == "sgd":
+        tx = optax.sgd(cfg.lr)
+    elif cfg.name == "momentum":
+        tx = optax.sgd(cfg.lr, momentum=cfg.b1)
+    elif cfg.name == "adam":
+        tx = optax.adam(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+    elif cfg.name == "adamw":
+        tx = optax.adamw(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    else:
+        tx = optax.adagrad(cfg.lr, eps=cfg.eps)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx
+
+
+def make_model(cfg: Config, spec: FeatureSpec) -> Model:
+    layout = make_layout(spec, embedding_groups(cfg.model), pooling=cfg.embed.pooling)
+    return Model(module=build_model(cfg.model, spec), layout=layout)
+
+
+def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt) -> TrainState:
+    """Initial parameters, tables and optimizer states (seeded by ``train.seed``)."""
+    b = 2
+    acts = {g: jnp.zeros((b, spec.n_fields, d), jnp.float32) for g, d in model.layout.groups}
+    dense = jnp.zeros((b, spec.n_dense), jnp.float32)
+    params = model.module.init(jax.random.PRNGKey(cfg.train.seed), acts, dense)["params"]
+    scale = cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
+    tables = {k: jnp.asarray(v) for k, v in init_tables(model.layout, cfg.train.seed, scale).items()}
+    slots = {k: sparse_opt.init(v) for k, v in tables.items()}
+    return TrainState(jnp.asarray(0, jnp.int32), params, tx.init(params), tables, slots)
+
+
+def build(cfg: Config, spec: FeatureSpec):
+    """(model, dense optax tx, sparse optimizer, initial state) for `cfg` on data of `spec`."""
+    model = make_model(cfg, spec)
+    tx = make_dense_tx(cfg.dense)
+    sparse_opt = make_sparse_optimizer(cfg.sparse)
+    return model, tx, sparse_opt, init_state(cfg, model, spec, tx, sparse_opt)
+
+
+def count_params(state: TrainState) -> dict:
+    dense = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    emb = sum(int(np.prod(x.shape)) for x in state.tables.values())
+    return {"dense_params": dense, "embedding_params": emb}

@@ -1,0 +1,143 @@
+"""The pure, jitted pieces every training algorithm composes (DESIGN.md section 1).
+
+    acts               = lookup(tables, ids)                      sparse -> boundary
+    loss, (g_p, g_a)   = value_and_grad(loss)(params, acts)       dense part + boundary gradient
+    params, opt_state  = dense optimizer (optax) on g_p           replicated / data-parallel
+    tables, slots      = sparse optimizer on the rows of g_a      model-parallel / PS
+
+`train_step` is their single-device composition; algorithms (sync, DES, async PS, ShadowSync,
+GBA, Persia) call the same functions in other arrangements instead of re-writing them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from recjax.batch import Batch
+from recjax.embeddings import EmbeddingLayout, SparseOptimizer, lookup, row_gradients
+from recjax.models import bce_loss
+
+
+class TrainState(NamedTuple):
+    """Everything that changes during training; a pytree.
+
+    Attributes:
+      step: i32[] updates applied so far.
+      params: dense model parameters (flax ``params`` collection).
+      opt_state: optax state of the dense optimizer.
+      tables: ``name -> f32[V, Dg]`` embedding tables.
+      slots: ``name -> sparse optimizer state`` beside each table's rows.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    tables: dict
+    slots: dict
+
+
+class StepMetrics(NamedTuple):
+    """Per-step sums for Train NE (ShadowSync Sec. 4: each batch is scored before the update).
+
+    Attributes:
+      loss: mean BCE of the batch (what was differentiated).
+      logloss_sum: sum of per-example log loss.
+      label_sum: number of clicks.
+      prob_sum: sum of predicted probabilities (for calibration).
+      count: examples.
+    """
+
+    loss: jax.Array
+    logloss_sum: jax.Array
+    label_sum: jax.Array
+    prob_sum: jax.Array
+    count: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A dense flax module bound to its embedding layout: what the step functions need.
+
+    Attributes:
+      module: flax module, ``module.apply({"params": p}, acts, dense) -> logits f32[B]``.
+      layout: which tables feed which activation groups.
+    """
+
+    module: Any
+    layout: EmbeddingLayout
+
+    def logits(self, params, acts: dict, dense: jax.Array) -> jax.Array:
+        return self.module.apply({"params": params}, acts, dense)
+
+
+def per_example_logloss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """-(y log p + (1-y) log(1-p)) with p = sigmoid(logit), in the stable softplus form."""
+    return jax.nn.softplus(logits) - labels * logits
+
+
+def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
+    """Loss, logits and gradients w.r.t. the dense params and the activations.
+
+    Returns:
+      ((loss, logits), (g_params, g_acts)); ``g_acts`` has the shapes of ``acts``.
+    """
+
+    def loss_fn(p, a):
+        logits = model.logits(p, a, batch.dense)
+        return bce_loss(logits, batch.label), logits
+
+    return jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(params, acts)
+
+
+def apply_dense(tx: optax.GradientTransformation, params, opt_state, g_params):
+    updates, opt_state = tx.update(g_params, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def apply_sparse(model: Model, opt: SparseOptimizer, tables: dict, slots: dict, batch: Batch,
+                 g_acts: dict, step: jax.Array) -> tuple[dict, dict]:
+    """Apply the activation gradients to the touched rows of every table."""
+    rows = row_gradients(model.layout, g_acts, batch.ids, batch.mask)
+    new_tables, new_slots = {}, {}
+    for name, (ids, grads) in rows.items():
+        new_tables[name], new_slots[name] = opt.update(tables[name], slots[name], ids, grads, step)
+    return new_tables, new_slots
+
+
+def step_metrics(loss: jax.Array, logits: jax.Array, labels: jax.Array) -> StepMetrics:
+    return StepMetrics(loss=loss,
+                       logloss_sum=per_example_logloss(logits, labels).sum(),
+                       label_sum=labels.sum(),
+                       prob_sum=jax.nn.sigmoid(logits).sum(),
+                       count=jnp.asarray(labels.shape[0], jnp.float32))
+
+
+def train_step(model: Model, tx: optax.GradientTransformation, opt: SparseOptimizer,
+               state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
+    """One synchronous step on one device: the reference every distributed form must match."""
+    acts = lookup(model.layout, state.tables, batch.ids, batch.mask)
+    (loss, logits), (g_params, g_acts) = loss_and_grads(model, state.params, acts, batch)
+    params, opt_state = apply_dense(tx, state.params, state.opt_state, g_params)
+    tables, slots = apply_sparse(model, opt, state.tables, state.slots, batch, g_acts, state.step)
+    new = TrainState(state.step + 1, params, opt_state, tables, slots)
+    return new, step_metrics(loss, logits, batch.label)
+
+
+def predict(model: Model, params, tables: dict, batch: Batch) -> jax.Array:
+    """Logits of a batch (eval)."""
+    acts = lookup(model.layout, tables, batch.ids, batch.mask)
+    return model.logits(params, acts, batch.dense)
+
+
+def jit_train_step(model: Model, tx, opt):
+    """`train_step` jitted with the state donated, so tables are updated in place."""
+    return jax.jit(lambda s, b: train_step(model, tx, opt, s, b), donate_argnums=0)
+
+
+def jit_predict(model: Model):
+    return jax.jit(lambda p, t, b: predict(model, p, t, b))
