@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from recjax.batch import concat_chunks
+from recjax.data import readers
 from recjax.data.avazu import AvazuSource
 from recjax.data.base import DataError
 from recjax.data.criteo import CriteoCSVSource, CriteoSource
@@ -117,6 +118,21 @@ def test_line_endings_and_slow_path_parse_alike(tmp_path):
     for x, y, z in zip(a[:4], b[:4], c[:4]):
         np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(x, z)
+
+
+def test_parse_blocks_and_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "PARSE_BLOCK", 3)  # several parse blocks per yielded chunk
+    lines = [criteo_line(b"%d" % (i % 2)) for i in range(20)]
+    lines[11] = with_field(C26=b"XYZ")
+    p = write(tmp_path, lines)
+    with pytest.raises(DataError) as e:
+        read(CriteoSource(p, chunk_rows=5))
+    assert_error(e.value, p, 12, "C26", "not a hex id")
+    src = CriteoSource(p, chunk_rows=5, skip_bad_lines=True)
+    chunks = list(src.chunks())
+    assert [c.size for c in chunks] == [5, 5, 5, 4]
+    assert np.concatenate([c.row for c in chunks]).tolist() == [i for i in range(20) if i != 11]
+    assert src.stats.rows == 19
 
 
 def test_all_lines_bad_gives_no_rows(tmp_path):
