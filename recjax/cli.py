@@ -14,6 +14,9 @@ FLAGS = {
     "model": "model.name", "algo": "train.algo", "data": "data.train", "eval_data": "data.eval",
     "epochs": "train.epochs", "steps": "train.steps", "batch_size": "train.batch_size",
     "seed": "train.seed", "out": "train.out", "devices": "train.devices",
+    "mesh": "spmd.mesh", "trainers": "runtime.trainers",
+    "workers_per_trainer": "runtime.workers_per_trainer", "sync": "runtime.sync",
+    "sync_gap": "runtime.sync_gap", "stragglers": "runtime.stragglers",
 }
 SWITCHES = {
     "save_predictions": "train.save_predictions", "deterministic": "train.deterministic",
@@ -29,7 +32,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                "(see --help-config for all of them with their current values).")
     p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
-    p.add_argument("--algo", help="training algorithm (single)")
+    p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr")
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
                                   "movielens:PATH | taobao:PATH | synthetic[:NAME]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")
@@ -38,7 +41,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--out", help="run directory: summary.json, metrics.jsonl, checkpoints/")
-    p.add_argument("--devices", type=int)
+    p.add_argument("--devices", type=int, help="devices (fake CPU devices on a CPU host)")
+    p.add_argument("--mesh", help="SPMD mesh axes, e.g. data=4,model=2")
+    p.add_argument("--trainers", type=int, help="host-async runtime: trainers")
+    p.add_argument("--workers-per-trainer", type=int, help="host-async runtime: worker threads")
+    p.add_argument("--sync", help="sync rule: easgd | ma | bmuf")
+    p.add_argument("--sync-gap", type=int, help="foreground sync every k iterations")
+    p.add_argument("--stragglers", help="straggler model: none | lognormal:sigma=0.5 | ...")
     for s in SWITCHES:
         p.add_argument("--" + s.replace("_", "-"), action="store_true", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

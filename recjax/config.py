@@ -101,7 +101,67 @@ class DenseOptimConfig:
             raise ValueError(f"dense.lr must be > 0, got {self.lr}")
 
 
-ALGOS = ("single",)
+@dataclasses.dataclass(frozen=True)
+class SpmdConfig:
+    """SPMD algorithms on a device mesh (sync, DES); see algorithms/sync.py, algorithms/des.py.
+
+    Attributes:
+      mesh: axis sizes, e.g. "data=4,model=2"; empty = every device on one axis (the algorithm's
+        default).
+      table_rules: sharding rule table, "regex:type;regex:type" over table names, first match
+        wins; types data_parallel | table_wise | row_wise | column_wise; empty = the
+        algorithm's default.
+      des_placement: DES field -> shard placement: round_robin (the paper's f mod N) | balanced.
+      coordinator: jax.distributed coordinator address (set by scripts/launch.py).
+      num_processes: processes in a multi-process run (1 = single process).
+      process_id: this process's index.
+    """
+
+    mesh: str = ""
+    table_rules: str = ""
+    des_placement: str = "round_robin"
+    coordinator: str = ""
+    num_processes: int = 1
+    process_id: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """Host-async runtime (async PS, ShadowSync, later GBA and Persia); algorithms/runtime.py.
+
+    Attributes:
+      trainers: n trainers (dense replicas).
+      workers_per_trainer: m Hogwild worker threads per trainer.
+      ps_shards: S embedding parameter-server shards.
+      placement: embedding shard placement: mod | binpack (ShadowSync Sec. 3.1).
+      sync: sync rule: easgd | ma | bmuf.
+      alpha: elastic / averaging weight a of the sync rules.
+      sync_gap: k, iterations between foreground syncs (FR-variants).
+      bmuf_lr: BMUF block learning rate eta.
+      bmuf_momentum: BMUF block momentum.
+      nesterov: BMUF Nesterov momentum.
+      return_model: which dense replica is the result: first (paper) | average.
+      stragglers: straggler model, e.g. none | lognormal:sigma=0.5 | slow:k=2,factor=4.
+      bandwidth_gbps: virtual-clock bandwidth of a PS link.
+    """
+
+    trainers: int = 2
+    workers_per_trainer: int = 2
+    ps_shards: int = 2
+    placement: str = "mod"
+    sync: str = "easgd"
+    alpha: float = 0.5
+    sync_gap: int = 10
+    bmuf_lr: float = 1.0
+    bmuf_momentum: float = 0.0
+    nesterov: bool = False
+    return_model: str = "first"
+    stragglers: str = "none"
+    bandwidth_gbps: float = 10.0
+
+
+# Every algorithm name the CLI knows; scripts/train.py says which are implemented.
+ALGOS = ("single", "sync", "des", "async", "shadow", "fr", "gba", "persia")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +169,7 @@ class TrainConfig:
     """The training run.
 
     Attributes:
-      algo: training algorithm; "single" is the single-device trainer.
+      algo: training algorithm: single (one device) | sync | des | async | shadow | fr | ...
       batch_size: examples per step (global batch).
       epochs: passes over the training data (ignored when steps > 0).
       steps: train exactly this many steps (0 = run `epochs`).
@@ -150,7 +210,7 @@ class TrainConfig:
 
     def __post_init__(self):
         if self.algo not in ALGOS:
-            raise ValueError(f"--algo {self.algo!r} is not available; available: {', '.join(ALGOS)}")
+            raise ValueError(f"--algo {self.algo!r} is unknown; algorithms: {', '.join(ALGOS)}")
         for name in ("batch_size", "epochs", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -173,6 +233,8 @@ class Config:
     dense: DenseOptimConfig = DenseOptimConfig()
     sparse: SparseOptimConfig = SparseOptimConfig()
     train: TrainConfig = TrainConfig()
+    spmd: SpmdConfig = SpmdConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

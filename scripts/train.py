@@ -1,4 +1,4 @@
-"""Train a CTR model: `python scripts/train.py [--model M] [--data SPEC] ... [--out DIR]`.
+"""Train a CTR model: `python scripts/train.py [--model M] [--algo A] [--data SPEC] ... [--out DIR]`.
 
 With no arguments: DLRM on the built-in synthetic data (see recjax/configs.py `default`).
 """
@@ -12,26 +12,27 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from recjax import cli  # noqa: E402
 
+SUMMARY_KEYS = ["algorithm", "model", "dataset", "eval_dataset", "steps", "examples", "wall_seconds",
+                "examples_per_sec", "train_ne", "eval_auc", "eval_logloss", "eval_ne",
+                "eval_calibration", "bayes_eval_ne", "eval_ne_gap_to_bayes"]
+
 
 def main(argv=None) -> int:
     cfg, args = cli.parse(argv, __doc__.splitlines()[0])
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
-    from recjax.train.loop import run  # after parsing: --help stays instant
+    import algorithms  # after parsing: --help stays instant
 
     try:
-        summary = run(cfg)
+        summary = algorithms.run(cfg)
     except (ValueError, FileNotFoundError) as e:  # bad input/config: a message, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     if "stopped_at" in summary:
         return 0
-    keys = ["model", "dataset", "eval_dataset", "steps", "examples", "wall_seconds",
-            "examples_per_sec", "train_ne", "eval_auc", "eval_logloss", "eval_ne",
-            "eval_calibration", "bayes_eval_ne", "eval_ne_gap_to_bayes"]
-    width = max(map(len, keys))
-    for k in keys:
+    width = max(map(len, SUMMARY_KEYS))
+    for k in SUMMARY_KEYS:
         if summary.get(k) is not None:
             v = summary[k]
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")

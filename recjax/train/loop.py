@@ -14,6 +14,7 @@ import os
 import platform
 import time
 from collections.abc import Iterator
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -33,14 +34,61 @@ from recjax.train.setup import build, count_params
 from recjax.train.step import StepMetrics, jit_predict, jit_train_step
 
 
+class Strategy(Protocol):
+    """How a run executes its steps: the single-device default, or an SPMD algorithm's.
+
+    `run` owns data, logging, eval, checkpoints and the summary; a strategy owns placement and
+    the jitted functions. Algorithms (``algorithms/``) implement this to reuse the trainer.
+    """
+
+    name: str
+
+    def prepare(self, state: Any) -> Any:
+        """Place a freshly built or restored state where the steps expect it."""
+        ...
+
+    def put_batch(self, batch: Batch) -> Any:
+        """Host batch -> device batch (runs in the prefetch thread)."""
+        ...
+
+    def train_step(self, state: Any, batch: Any) -> tuple[Any, StepMetrics]: ...
+
+    def predict(self, params: Any, tables: dict, batch: Batch) -> jax.Array: ...
+
+    def summary(self) -> dict:
+        """The algorithm's own counters for summary.json (e.g. comm_bytes_per_step)."""
+        ...
+
+
+class SingleDevice:
+    """The reference strategy: one device, `train_step` jitted with the state donated."""
+
+    name = "single"
+
+    def __init__(self, model, tx, sparse_opt):
+        self.train_step = jit_train_step(model, tx, sparse_opt)
+        self.predict = jit_predict(model)
+
+    def prepare(self, state):
+        return jax.device_put(state)
+
+    def put_batch(self, batch: Batch):
+        return jax.device_put(batch)
+
+    def summary(self) -> dict:
+        return {}
+
+
 def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
                   steps_per_epoch: int) -> Iterator[Batch]:
     """Training batches for steps [start_step, total_steps): epoch e is shuffled by (seed, e)."""
     step = start_step
     epoch, skip = divmod(start_step, steps_per_epoch)
+    # Synthetic examples are i.i.d. draws already: shuffling them would only cost time.
+    buffer = 0 if isinstance(data.train, SyntheticSource) else cfg.data.shuffle_buffer
     while step < total_steps:
         stream = batches(data.train, cfg.train.batch_size, seed=cfg.train.seed, epoch=epoch,
-                         shuffle_buffer=cfg.data.shuffle_buffer, drop_remainder=True,
+                         shuffle_buffer=buffer, drop_remainder=True,
                          keep=data.keep_train)
         for i, (batch, _) in enumerate(stream):
             if i < skip:
@@ -81,8 +129,13 @@ def _ne(s: dict) -> float:
     return s["logloss_sum"] / max(s["count"], 1.0) / h if h > 0 else float("nan")
 
 
-def run(cfg: Config) -> dict:
-    """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict."""
+def run(cfg: Config, make_strategy=None) -> dict:
+    """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict.
+
+    Args:
+      cfg: the run's config.
+      make_strategy: ``(cfg, model, tx, sparse_opt) -> Strategy``; default `SingleDevice`.
+    """
     t0 = time.perf_counter()
     tc = cfg.train
     data = open_data(cfg)
@@ -94,7 +147,9 @@ def run(cfg: Config) -> dict:
     if tc.resume:
         state, _ = ckpt.restore(state)
     start_step = int(state.step)
-    step_fn, predict = jit_train_step(model, tx, sparse_opt), jit_predict(model)
+    strategy = (make_strategy or (lambda c, *a: SingleDevice(*a)))(cfg, model, tx, sparse_opt)
+    state = strategy.prepare(state)
+    step_fn, predict = strategy.train_step, strategy.predict
 
     writer = MetricsWriter(tc.out, tc.tensorboard, append=tc.resume)
     meta = {"config": cfg.to_dict()}
@@ -107,7 +162,7 @@ def run(cfg: Config) -> dict:
     t_first = t_last_log = None
     step, interrupted, last_eval = start_step, False, None
     prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
-                          depth=cfg.data.prefetch, transform=jax.device_put)
+                          depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
         for batch in prefetch:
             state, m = step_fn(state, batch)
@@ -174,6 +229,7 @@ def run(cfg: Config) -> dict:
         "train_examples_per_epoch": data.train_rows,
         "data_stats": {"train": data.train.stats.as_dict(), "eval": data.eval.stats.as_dict()},
         **count_params(state),
+        **strategy.summary(),
         "resumed_from_step": start_step if tc.resume else None,
         "hardware": {"platform": jax.default_backend(), "devices": jax.device_count(),
                      "device_kind": jax.devices()[0].device_kind, "cpu": platform.processor(),

@@ -1,0 +1,22 @@
+"""Training algorithms, one module each, dispatched by `--algo` (DESIGN.md section 5).
+
+Each entry of `RUNNERS` maps an algorithm name to ``run(cfg) -> summary dict``. SPMD algorithms
+pass a `recjax.train.loop.Strategy` to the shared trainer; host-async ones drive the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from recjax.config import Config
+from recjax.train import loop
+
+RUNNERS: dict[str, Callable[[Config], dict]] = {"single": loop.run}
+
+
+def run(cfg: Config) -> dict:
+    """Run `cfg.train.algo`, or say which algorithms exist when it is not implemented yet."""
+    if cfg.train.algo not in RUNNERS:
+        raise ValueError(f"--algo {cfg.train.algo} is not implemented yet; available: "
+                         f"{', '.join(sorted(RUNNERS))}")
+    return RUNNERS[cfg.train.algo](cfg)
