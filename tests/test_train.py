@@ -146,3 +146,26 @@ def test_jnp_state_is_donated():
     step = jit_train_step(model, tx, sopt)
     new, _ = step(state, batch)
     assert old.is_deleted() and isinstance(new.tables["emb/C1"], jnp.ndarray)
+
+
+@pytest.mark.parametrize("name", ["dlrm", "deepfm"])
+def test_microbatched_step_equals_whole_batch(name):
+    """train.microbatches only reorders float sums: same step to float32 rounding."""
+    cfg = configs.smoke()
+    cfg = dataclasses.replace(cfg, model=ModelConfig.smoke(name))
+    src = SyntheticSource(cfg.synthetic)
+    chunk = next(iter(src.chunks()))
+    batch = Batch(chunk.dense[:256], chunk.ids[:256], None, chunk.label[:256])
+    out = []
+    for m in (1, 4):
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
+        model, tx, sopt, state = build(c, src.spec)
+        assert model.microbatches == m
+        step = jit_train_step(model, tx, sopt)
+        for _ in range(2):
+            state, metrics = step(state, batch)
+        out.append((state, metrics))
+    (s1, m1), (s4, m4) = out
+    np.testing.assert_allclose(m1.loss, m4.loss, rtol=1e-5)
+    for x, y in zip(_leaves(s1), _leaves(s4)):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)

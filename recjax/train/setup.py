@@ -31,7 +31,7 @@ def make_dense_tx(cfg: DenseOptimConfig) -> optax.GradientTransformation:
 
 def make_model(cfg: Config, spec: FeatureSpec) -> Model:
     layout = make_layout(spec, embedding_groups(cfg.model), pooling=cfg.embed.pooling)
-    return Model(module=build_model(cfg.model, spec), layout=layout)
+    return Model(module=build_model(cfg.model, spec), layout=layout, microbatches=cfg.train.microbatches)
 
 
 def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt) -> TrainState:
