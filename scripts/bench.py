@@ -1,0 +1,187 @@
+"""Training throughput: `python scripts/bench.py [--quick] [--repeats 5] [--out FILE]`.
+
+Prints tables and writes JSON (default bench_results/bench.json). Every comparison is made in
+one process with the variants interleaved repeat by repeat, and reported as medians and ratios
+to an in-run reference, because the machines are shared and noisy (docs/performance.md).
+
+1. DLRM at the Criteo-Kaggle shape (PERF_NOTES): the plain-JAX reference step vs recjax's step
+   on pre-staged device batches vs recjax fed by its real input pipeline (synthetic Criteo-shaped
+   stream -> batching -> prefetch thread -> device_put).
+2. Every model at two batch sizes (recjax, pre-staged batches).
+3. If present, the SPMD (scripts/bench_spmd.py) and host-async runtime (scripts/bench_runtime.py)
+   benchmarks.
+"""
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from recjax import configs  # noqa: E402
+from recjax.concurrency import Prefetcher  # noqa: E402
+from recjax.data.pipeline import batches  # noqa: E402
+from recjax.data.synthetic import SyntheticSource  # noqa: E402
+from recjax.models.config import MODEL_NAMES  # noqa: E402
+from recjax.train.setup import build  # noqa: E402
+from recjax.train.step import jit_train_step  # noqa: E402
+from scripts import bench_dlrm  # noqa: E402
+
+
+def _stream(src, batch_size):
+    """Endless batches of the real pipeline, epoch after epoch."""
+    for epoch in itertools.count():
+        for b, _ in batches(src, batch_size, seed=0, epoch=epoch, shuffle_buffer=0,
+                            drop_remainder=True):
+            yield b
+
+
+def _recjax_runner(cfg, src, staged, pipeline: bool):
+    model, tx, sopt, state = build(cfg, src.spec)
+    step = jit_train_step(model, tx, sopt)
+    feed = (Prefetcher(_stream(src, cfg.train.batch_size), depth=4, transform=jax.device_put)
+            if pipeline else itertools.cycle(staged))
+    box = {"state": state}
+
+    def run(n):
+        s = box["state"]
+        for _ in range(n):
+            s, m = step(s, next(feed))
+        jax.block_until_ready(m.loss)
+        box["state"] = s
+
+    return run, (feed.close if pipeline else (lambda: None))
+
+
+def _reference_runner(cfg, staged):
+    mc = cfg.model
+    params, tables = bench_dlrm.init(cfg.synthetic.cardinalities, cfg.synthetic.n_dense,
+                                     mc.embed_dim, mc.bottom_mlp, mc.top_mlp)
+    step = bench_dlrm.make_step(cfg.sparse.lr)
+    flat = [(b.dense, b.ids[:, :, 0], b.label) for b in staged]
+    box = {"s": (params, tables)}
+
+    def run(n):
+        p, t = box["s"]
+        for i in range(n):
+            p, t, loss = step(p, t, *flat[i % len(flat)])
+        jax.block_until_ready(loss)
+        box["s"] = (p, t)
+
+    return run, lambda: None
+
+
+def interleaved(runners: dict, steps: int, batch: int, repeats: int) -> dict:
+    """Warm up each runner, then time `steps` steps of each, round-robin, `repeats` times."""
+    for run, _ in runners.values():
+        run(2)
+    rates = {k: [] for k in runners}
+    for _ in range(repeats):
+        for k, (run, _) in runners.items():
+            t0 = time.perf_counter()
+            run(steps)
+            rates[k].append(steps * batch / (time.perf_counter() - t0))
+    for _, close in runners.values():
+        close()
+    return rates
+
+
+def headline(repeats: int, steps: int) -> list[dict]:
+    cfg = configs.dlrm_kaggle()
+    b = cfg.train.batch_size
+    src = SyntheticSource(cfg.synthetic)
+    staged = [jax.device_put(x) for x, _ in itertools.islice(
+        batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
+    with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
+    runners = {
+        "plain-JAX reference": _reference_runner(cfg, staged),
+        "recjax, staged batches": _recjax_runner(with_mb(8), src, staged, pipeline=False),
+        "recjax, real input pipeline": _recjax_runner(with_mb(8), src, staged, pipeline=True),
+        "recjax, staged, microbatches=1": _recjax_runner(with_mb(1), src, staged, pipeline=False),
+    }
+    rates = interleaved(runners, steps, b, repeats)
+    ref = np.median(rates["plain-JAX reference"])
+    staged_med = np.median(rates["recjax, staged batches"])
+    mc = cfg.model
+    flops = bench_dlrm.flops_per_example(cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities),
+                                         mc.embed_dim, mc.bottom_mlp, mc.top_mlp)
+    rows = []
+    for k, v in rates.items():
+        med = float(np.median(v))
+        rows.append({"section": "dlrm_kaggle", "name": k, "batch_size": b, "median": med,
+                     "examples_per_sec": v, "ratio_to_reference": med / ref,
+                     "ratio_to_staged": med / staged_med, "gflops": med * flops / 1e9,
+                     "flops_per_example": flops, "repeats": repeats, "steps_per_repeat": steps})
+    return rows
+
+
+def per_model(repeats: int, steps: int, batch_sizes, models) -> list[dict]:
+    rows = []
+    for name, b in itertools.product(models, batch_sizes):
+        cfg = configs.dlrm_kaggle()
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name),
+                                  train=dataclasses.replace(cfg.train, batch_size=b,
+                                                            microbatches=max(b // 512, 1)))
+        src = SyntheticSource(cfg.synthetic)
+        staged = [jax.device_put(x) for x, _ in itertools.islice(
+            batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 4)]
+        rates = interleaved({name: _recjax_runner(cfg, src, staged, False)}, steps, b, repeats)[name]
+        rows.append({"section": "models", "name": name, "batch_size": b,
+                     "median": float(np.median(rates)), "examples_per_sec": rates,
+                     "repeats": repeats})
+        print(f"  {name:10s} B={b:5d} {np.median(rates):10,.0f} ex/s", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="fewer steps, one batch size")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
+    p.add_argument("--sections", default="headline,models,spmd,runtime")
+    p.add_argument("--out", default="bench_results/bench.json")
+    args = p.parse_args(argv)
+    steps = args.steps or (4 if args.quick else 12)
+    sections = args.sections.split(",")
+    hw = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "jax": jax.__version__}
+    print(f"hardware: {hw}")
+    rows = []
+    if "headline" in sections:
+        print("DLRM, Criteo-Kaggle shape (26 tables x0.5, D=16, B=4096, SGD):")
+        rows += headline(args.repeats, steps)
+        for r in rows:
+            print(f"  {r['name']:32s} {r['median']:10,.0f} ex/s  x{r['ratio_to_reference']:.2f} of "
+                  f"reference  {r['ratio_to_staged']:.2f} of staged  {r['gflops']:.0f} GFLOP/s")
+    if "models" in sections:
+        print("every model, recjax, staged batches:")
+        rows += per_model(args.repeats, steps, (4096,) if args.quick else (1024, 4096), MODEL_NAMES)
+    for section in ("spmd", "runtime"):
+        if section in sections and (pathlib.Path(__file__).parent / f"bench_{section}.py").exists():
+            mod = __import__(f"scripts.bench_{section}", fromlist=["x"])
+            print(f"{section}:")
+            got = getattr(mod, f"bench_{section}")(args.repeats, args.quick)
+            for r in got:
+                r.setdefault("section", section)
+                print(f"  {r['name']:40s} {r.get('median', float('nan')):10,.0f} ex/s  "
+                      + " ".join(f"{k}={v:.3g}" for k, v in r.items() if k.startswith("ratio")))
+            rows += got
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"hardware": hw, "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""The in-run reference for scripts/bench.py: a minimal plain-JAX DLRM training step.
+
+This is the "plain JAX" peer of ../shared/PERF_NOTES.md: gather rows per table, `value_and_grad`
+w.r.t. (dense params, gathered rows), SGD on both, donated ``table.at[ids].add``. No recjax code,
+so the ratio recjax / reference measures what recjax's abstractions and optimizations cost or win.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def init(cards, n_dense: int, dim: int, bottom, top, seed: int = 0):
+    """(params, tables): MLP weights (Glorot-normal) and U(+-1/sqrt(V)) tables."""
+    rng = np.random.default_rng(seed)
+    n_vec = len(cards) + 1
+    sizes_bot = [n_dense, *bottom, dim]
+    sizes_top = [dim + n_vec * (n_vec - 1) // 2, *top, 1]
+
+    def mlp(sizes):
+        return [(jnp.asarray(rng.normal(0, np.sqrt(2 / (a + b)), (a, b)), jnp.float32),
+                 jnp.zeros((b,), jnp.float32)) for a, b in zip(sizes[:-1], sizes[1:])]
+
+    tables = [jnp.asarray(rng.uniform(-1, 1, (c, dim)) / np.sqrt(c), jnp.float32) for c in cards]
+    return {"bot": mlp(sizes_bot), "top": mlp(sizes_top)}, tables
+
+
+def _mlp(layers, h, last_linear):
+    for i, (w, b) in enumerate(layers):
+        h = h @ w + b
+        if not (last_linear and i == len(layers) - 1):
+            h = jax.nn.relu(h)
+    return h
+
+
+def _loss(params, emb, dense, label):
+    bo = _mlp(params["bot"], dense, last_linear=False)
+    t = jnp.concatenate([bo[:, None, :], emb], axis=1)
+    i, j = np.triu_indices(t.shape[1], k=1)
+    z = jnp.einsum("bfd,bgd->bfg", t, t)[:, i, j]
+    logit = _mlp(params["top"], jnp.concatenate([bo, z], axis=1), last_linear=True)[:, 0]
+    return jnp.mean(jax.nn.softplus(logit) - label * logit)
+
+
+def make_step(lr: float):
+    """The jitted, donated step ``(params, tables, dense, ids[B, F], label) -> (params, tables, loss)``."""
+
+    def step(params, tables, dense, ids, label):
+        emb = jnp.stack([t[ids[:, f]] for f, t in enumerate(tables)], axis=1)
+        loss, (gp, ge) = jax.value_and_grad(_loss, argnums=(0, 1))(params, emb, dense, label)
+        params = jax.tree.map(lambda p, g: p - lr * g, params, gp)
+        tables = [t.at[ids[:, f]].add(-lr * ge[:, f]) for f, t in enumerate(tables)]
+        return params, tables, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def flops_per_example(n_dense: int, n_fields: int, dim: int, bottom, top) -> float:
+    """Training FLOPs per example: 3 x forward (fwd + 2 backward GEMMs), MLPs + interaction."""
+    n_vec = n_fields + 1
+    bot = [n_dense, *bottom, dim]
+    tp = [dim + n_vec * (n_vec - 1) // 2, *top, 1]
+    macs = sum(a * b for a, b in zip(bot[:-1], bot[1:])) + sum(a * b for a, b in zip(tp[:-1], tp[1:]))
+    macs += n_vec * n_vec * dim  # batched T T^T
+    return 3 * 2 * macs
