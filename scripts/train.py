@@ -29,6 +29,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input/config: a message, not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; the last checkpoint (if --out was given) is intact", file=sys.stderr)
+        return 130
     if "stopped_at" in summary:
         return 0
     width = max(map(len, SUMMARY_KEYS))
