@@ -16,6 +16,9 @@ RUNNERS: dict[str, Callable[[Config], dict]] = {"single": loop.run}
 
 def run(cfg: Config) -> dict:
     """Run `cfg.train.algo`, or say which algorithms exist when it is not implemented yet."""
+    if cfg.train.algo == "single" and cfg.train.devices > 1:
+        raise ValueError(f"--algo single trains on one device; for --devices {cfg.train.devices} "
+                         "use --algo sync (data/model parallel) or --algo des")
     if cfg.train.algo not in RUNNERS:
         raise ValueError(f"--algo {cfg.train.algo} is not implemented yet; available: "
                          f"{', '.join(sorted(RUNNERS))}")
