@@ -111,7 +111,8 @@ def test_resume_is_bitwise(tmp_path):
 
 
 def test_outputs(tmp_path):
-    s = run(_smoke(tmp_path, steps=30, save_predictions=True, log_every=10))
+    s = run(_smoke(tmp_path, steps=30, save_predictions=True, log_every=10, tensorboard=True,
+                   eval_every=20))
     summary = json.loads((tmp_path / "summary.json").read_text())
     for k in ("algorithm", "model", "dataset", "examples", "steps", "wall_seconds",
               "examples_per_sec", "train_ne", "eval_auc", "eval_logloss", "eval_ne",
@@ -120,6 +121,8 @@ def test_outputs(tmp_path):
     assert summary["steps"] == 30 and summary["examples"] == 30 * 256
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if r["kind"] == "train"] == [10, 20, 30]
+    assert [r["step"] for r in lines if r["kind"] == "eval"] == [20, 30]
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "tb"))
     preds = np.loadtxt(tmp_path / "predictions.csv", delimiter=",", skiprows=1)
     n_eval = PRESETS["smoke"].n_eval
     assert preds.shape == (n_eval, 2)

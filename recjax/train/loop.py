@@ -200,7 +200,10 @@ def run(cfg: Config, make_strategy=None) -> dict:
         bar.close()
     t_train_end = time.perf_counter()
     if ckpt and step > start_step:
-        ckpt.save(step, state, meta)  # state is always between steps here: a consistent point
+        try:  # state is between steps here: a consistent point to save
+            ckpt.save(step, state, meta)
+        except RuntimeError as e:  # interrupted inside a dispatch: the donated state is gone
+            print(f"could not checkpoint step {step} ({e}); the previous checkpoint is intact")
     if interrupted or step < total_steps:
         if ckpt:
             ckpt.close()
