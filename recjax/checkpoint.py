@@ -16,6 +16,10 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
+
+# orbax logs every save through absl at WARNING/INFO; a progress bar is what users watch.
+absl_logging.set_verbosity(absl_logging.ERROR)
 
 
 class Checkpointer:

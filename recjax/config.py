@@ -29,6 +29,8 @@ class DataConfig:
       skip_bad_lines: skip and count malformed lines instead of stopping at the first.
       shuffle_buffer: examples per shuffle buffer; 0 keeps file order; >= data size = full shuffle.
       cache_rows: parse a source at most once per run if it has at most this many rows.
+      cache_dir: parse each data file once into .npy files here and memory-map them in later
+        epochs and later runs (keyed by file size/mtime and reader options); empty = off.
       prefetch: batches prepared ahead by the background thread (0 = no thread).
     """
 
@@ -40,6 +42,7 @@ class DataConfig:
     skip_bad_lines: bool = False
     shuffle_buffer: int = 1 << 21
     cache_rows: int = 10_000_000
+    cache_dir: str = ""
     prefetch: int = 4
 
     def __post_init__(self):
@@ -115,6 +118,8 @@ class SpmdConfig:
       coordinator: jax.distributed coordinator address (set by scripts/launch.py).
       num_processes: processes in a multi-process run (1 = single process).
       process_id: this process's index.
+      save_state: also write out/final_state.npz, the final state in the single-device layout
+        (process 0 of a multi-process run; used to compare runs).
     """
 
     mesh: str = ""
@@ -123,6 +128,7 @@ class SpmdConfig:
     coordinator: str = ""
     num_processes: int = 1
     process_id: int = 0
+    save_state: bool = False  # write out/final_state.npz (single-device layout) at the end
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +149,12 @@ class RuntimeConfig:
       return_model: which dense replica is the result: first (paper) | average.
       stragglers: straggler model, e.g. none | lognormal:sigma=0.5 | slow:k=2,factor=4.
       bandwidth_gbps: virtual-clock bandwidth of a PS link.
+      example_cost_us: virtual-clock compute time of one training example (before straggling).
+      shadow_interval_ms: pause between two syncs of a shadow thread (0 = back to back); it
+        stands for the sync's network round trip and leaves CPU to the workers on small hosts.
+      profile_batches: warm-up batches profiled for bin-packing placement (ShadowSync Sec. 3.1).
+      emulate_links: threaded mode also holds each PS link for bytes / bandwidth (as the
+        virtual clock does), so communication costs wall time on a single host.
     """
 
     trainers: int = 2
@@ -158,6 +170,10 @@ class RuntimeConfig:
     return_model: str = "first"
     stragglers: str = "none"
     bandwidth_gbps: float = 10.0
+    example_cost_us: float = 20.0
+    shadow_interval_ms: float = 5.0
+    profile_batches: int = 20
+    emulate_links: bool = True
 
 
 # Every algorithm name the CLI knows; scripts/train.py says which are implemented.

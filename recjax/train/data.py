@@ -9,6 +9,7 @@ import numpy as np
 
 from recjax.config import Config
 from recjax.data.base import DataSource
+from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import cached, holdout_split
 from recjax.data.sources import open_source
 from recjax.data.synthetic import SyntheticSource
@@ -49,9 +50,11 @@ def _count(source: DataSource, keep: Keep) -> int:
 def _open(cfg: Config, spec: str) -> DataSource:
     if spec == "synthetic" or spec.startswith("synthetic:"):
         return SyntheticSource(cfg.synthetic, "train")
-    source = open_source(spec, hash_buckets=cfg.data.hash_buckets,
-                         skip_bad_lines=cfg.data.skip_bad_lines,
-                         multi_hot_len=cfg.data.multi_hot_len)
+    options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
+               "multi_hot_len": cfg.data.multi_hot_len}
+    source = open_source(spec, **options)
+    if cfg.data.cache_dir:
+        source = DiskCachedSource(source, cfg.data.cache_dir, options)
     return cached(source, cfg.data.cache_rows)
 
 
