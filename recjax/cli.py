@@ -27,7 +27,7 @@ SWITCHES = {
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description=description,
+        description=description, allow_abbrev=False,
         epilog="Any config field can be set with --section.field=value "
                "(see --help-config for all of them with their current values).")
     p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
@@ -89,7 +89,7 @@ def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
             pairs.append((key, "true"))
     if args.no_progress:
         pairs.append(("train.progress", "false"))
-    if args.data and args.data.startswith("synthetic"):
+    if args.data and (args.data == "synthetic" or args.data.startswith("synthetic:")):
         name = args.data.partition(":")[2] or "default"
         cfg = dataclasses.replace(cfg, synthetic=preset(name))
     return apply_overrides(cfg, pairs + _overrides(rest))

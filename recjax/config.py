@@ -24,6 +24,8 @@ class DataConfig:
       train: training data SPEC (``criteo:PATH``, ``frappe:PATH``, ``synthetic[:NAME]``, ...).
       eval: eval data SPEC; empty = a seeded hold-out split of the training data.
       holdout: fraction of the training data held out for eval when ``eval`` is empty.
+      split_seed: seed of the hold-out split; separate from train.seed so that a seed sweep
+        evaluates every seed on the same examples.
       hash_buckets: hash buckets per hashed categorical field.
       multi_hot_len: ids kept per multi-hot field (L); longer lists are truncated and counted.
       skip_bad_lines: skip and count malformed lines instead of stopping at the first.
@@ -37,6 +39,7 @@ class DataConfig:
     train: str = "synthetic"
     eval: str = ""
     holdout: float = 0.1
+    split_seed: int = 0
     hash_buckets: int = 1 << 17
     multi_hot_len: int = 20
     skip_bad_lines: bool = False
@@ -191,7 +194,8 @@ class TrainConfig:
         gradient; faster on CPU for big MLPs at big batches, see docs/performance.md).
       epochs: passes over the training data (ignored when steps > 0).
       steps: train exactly this many steps (0 = run `epochs`).
-      seed: seeds parameter init, data order, hold-out split and synthetic data.
+      seed: seeds parameter init and data order (not the hold-out split: data.split_seed; not
+        the synthetic task: synthetic.seed).
       eval_batch_size: examples per eval step.
       log_every: steps between progress/metrics.jsonl records.
       eval_every: steps between evals (0 = eval at the end only).

@@ -20,7 +20,7 @@ def default() -> Config:
         python scripts/train.py
     """
     return Config(
-        data=DataConfig(train="synthetic"),
+        data=DataConfig(train="synthetic:default"),
         synthetic=PRESETS["default"],
         model=ModelConfig(name="dlrm", embed_dim=16, bottom_mlp=(64, 32), top_mlp=(128, 64)),
         dense=DenseOptimConfig(name="adam", lr=2e-3),
@@ -36,7 +36,8 @@ def smoke() -> Config:
     """
     c = default()
     return dataclasses.replace(
-        c, synthetic=PRESETS["smoke"], model=ModelConfig.smoke("dlrm"),
+        c, data=dataclasses.replace(c.data, train="synthetic:smoke"),
+        synthetic=PRESETS["smoke"], model=ModelConfig.smoke("dlrm"),
         train=dataclasses.replace(c.train, batch_size=256, log_every=20))
 
 

@@ -81,5 +81,5 @@ def test_default_run_reaches_bayes_ne(tmp_path):
 
     assert main(["--out", str(tmp_path), "--no-progress"]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["model"] == "dlrm" and s["dataset"] == "synthetic"
+    assert s["model"] == "dlrm" and s["dataset"] == "synthetic:default"
     assert s["eval_ne_gap_to_bayes"] <= 0.02, (s["eval_ne"], s["bayes_eval_ne"])

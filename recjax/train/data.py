@@ -47,9 +47,23 @@ def _count(source: DataSource, keep: Keep) -> int:
     return n
 
 
-def _open(cfg: Config, spec: str) -> DataSource:
-    if spec == "synthetic" or spec.startswith("synthetic:"):
-        return SyntheticSource(cfg.synthetic, "train")
+def _synthetic_name(spec: str) -> str | None:
+    """"default" for ``synthetic``, NAME for ``synthetic:NAME``, None for other kinds."""
+    if spec == "synthetic":
+        return "default"
+    return spec.partition(":")[2] if spec.startswith("synthetic:") else None
+
+
+def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
+    name = _synthetic_name(spec)
+    if name is not None:
+        if name != cfg.synthetic.name:
+            # The preset is chosen by the spec; the `synthetic` section holds its (overridable)
+            # values. A mismatch means they were set apart (e.g. --data.train=synthetic:X).
+            raise ValueError(f"data spec {spec!r} names synthetic preset {name!r} but the synthetic "
+                             f"config section holds {cfg.synthetic.name!r}; pass --data {spec} "
+                             "(which loads the preset) or set --synthetic.name to match")
+        return SyntheticSource(cfg.synthetic, split)
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
                "multi_hot_len": cfg.data.multi_hot_len}
     source = open_source(spec, **options)
@@ -65,7 +79,7 @@ def open_data(cfg: Config) -> RunData:
     """
     train = _open(cfg, cfg.data.train)
     if cfg.data.eval:
-        ev = _open(cfg, cfg.data.eval)
+        ev = _open(cfg, cfg.data.eval, "eval")  # synthetic: the eval stream, never train rows
         if ev.spec != train.spec:
             raise ValueError(f"eval data {cfg.data.eval!r} has another schema than training data "
                              f"{cfg.data.train!r}; use the same format and --data.hash_buckets")
@@ -77,9 +91,9 @@ def open_data(cfg: Config) -> RunData:
         desc = f"synthetic:{cfg.synthetic.name} eval stream ({cfg.synthetic.n_eval} fresh examples)"
     else:
         ev = train
-        keep_train, keep_eval = holdout_split(cfg.train.seed, cfg.data.holdout)
+        keep_train, keep_eval = holdout_split(cfg.data.split_seed, cfg.data.holdout)
         desc = (f"seeded hold-out split of {cfg.data.train}: {cfg.data.holdout:.0%} of rows "
-                f"(seed {cfg.train.seed})")
+                f"(split seed {cfg.data.split_seed})")
     train_rows = train.num_rows if isinstance(train, SyntheticSource) else _count(train, keep_train)
     eval_rows = ev.num_rows if isinstance(ev, SyntheticSource) else _count(ev, keep_eval)
     if train_rows < cfg.train.batch_size:

@@ -10,6 +10,7 @@ XLA:CPU's deterministic kernels this makes resumed runs bitwise equal to uninter
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -129,6 +130,53 @@ def _ne(s: dict) -> float:
     return s["logloss_sum"] / max(s["count"], 1.0) / h if h > 0 else float("nan")
 
 
+# Config keys that may change between a checkpoint and its resumption: they do not alter the
+# trajectory (how long to train, what to write, how often). Everything else must match.
+RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume", "train.log_every",
+                     "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.progress",
+                     "train.save_predictions", "train.tensorboard", "train.stop_after",
+                     "train.eval_batch_size", "data.prefetch", "data.cache_dir", "data.cache_rows",
+                     "data.eval", "data.holdout", "data.split_seed"}
+
+
+def check_resumable(saved: dict, now: dict) -> None:
+    """Refuse to resume a checkpoint under a config that would change its trajectory."""
+    diffs = [f"{sec}.{k}: checkpoint {saved[sec].get(k)!r}, now {v!r}"
+             for sec, fields in now.items() if sec in saved
+             for k, v in fields.items()
+             if f"{sec}.{k}" not in RESUMABLE_CHANGES and saved[sec].get(k) != v]
+    if diffs:
+        raise ValueError("cannot --resume: the run's config differs from its checkpoint's in "
+                         + "; ".join(diffs) + ". Resume with the original settings, or start "
+                         "a new run in another --out")
+
+
+class Progress:
+    """Train-NE sums and timings of a run, carried across --resume in the checkpoint metadata.
+
+    Attributes:
+      totals: StepMetrics sums over every step so far (Train NE of the whole run).
+      timed_steps: steps counted in the throughput (each segment's compile step excluded).
+      train_seconds: time of those steps, without in-loop evals and checkpoints.
+      wall_seconds: wall time of earlier segments (a resumed run adds its own).
+    """
+
+    def __init__(self, saved: dict | None = None):
+        saved = saved or {}
+        self.totals = saved.get("totals", dict.fromkeys(StepMetrics._fields, 0.0))
+        self.timed_steps = saved.get("timed_steps", 0)
+        self.train_seconds = saved.get("train_seconds", 0.0)
+        self.wall_seconds = saved.get("wall_seconds", 0.0)
+
+    def add(self, s: dict) -> None:
+        for k in StepMetrics._fields:
+            self.totals[k] += s[k]
+
+    def as_dict(self, wall_now: float) -> dict:
+        return {"totals": self.totals, "timed_steps": self.timed_steps,
+                "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now}
+
+
 def run(cfg: Config, make_strategy=None) -> dict:
     """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict.
 
@@ -144,23 +192,44 @@ def run(cfg: Config, make_strategy=None) -> dict:
     total_steps = tc.steps or tc.epochs * steps_per_epoch
 
     ckpt = Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts) if tc.out else None
+    progress = Progress()
     if tc.resume:
-        state, _ = ckpt.restore(state)
+        state, meta = ckpt.restore(state)
+        # compare as JSON sees them (tuples were saved as lists)
+        check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+        progress = Progress(meta.get("progress"))
+    elif ckpt and ckpt.latest_step() is not None:
+        raise ValueError(f"{ckpt.directory} already holds checkpoints of a run (latest step "
+                         f"{ckpt.latest_step()}); pass --resume to continue it, or use another "
+                         "--out (or delete that directory)")
     start_step = int(state.step)
     strategy = (make_strategy or (lambda c, *a: SingleDevice(*a)))(cfg, model, tx, sparse_opt)
     state = strategy.prepare(state)
     step_fn, predict = strategy.train_step, strategy.predict
 
     writer = MetricsWriter(tc.out, tc.tensorboard, append=tc.resume)
-    meta = {"config": cfg.to_dict()}
     stop_at = min(total_steps, tc.stop_after) if tc.stop_after else total_steps
     bar = tqdm(total=total_steps, initial=start_step, disable=not tc.progress, unit="step",
                dynamic_ncols=True, desc=f"{cfg.model.name} on {cfg.data.train}")
 
     window: list[StepMetrics] = []
-    totals = dict.fromkeys(StepMetrics._fields, 0.0)
-    t_first = t_last_log = None
-    step, interrupted, last_eval = start_step, False, None
+    t_first = t_log = None  # end of the first (compiling) step; start of the current log window
+    paused = 0.0  # seconds spent in in-loop evals and checkpoints since t_first
+    step, first_step, interrupted = start_step, start_step, False
+
+    def save(at: int) -> None:
+        nonlocal window, paused
+        t = time.perf_counter()
+        if window:  # fold pending Train-NE sums in, so the checkpoint carries all of them
+            progress.add(_sum_metrics(window))
+            window = []
+        progress.train_seconds = train_seconds_before + (t - t_first - paused if t_first else 0.0)
+        progress.timed_steps = timed_before + (at - first_step if t_first else 0)
+        ckpt.save(at, state, {"config": cfg.to_dict(),
+                              "progress": progress.as_dict(t - t0)})
+        paused += time.perf_counter() - t
+
+    train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
     prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
                           depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
@@ -170,40 +239,47 @@ def run(cfg: Config, make_strategy=None) -> dict:
             step += 1
             if t_first is None:  # the first step includes compilation: time from its end
                 jax.block_until_ready(m.loss)
-                t_first = t_last_log = time.perf_counter()
-                first_step = step
+                t_first = t_log = time.perf_counter()
+                first_step, log_from = step, step
             if step % tc.log_every == 0 or step == stop_at:
-                s = _sum_metrics(window)
+                s = _sum_metrics(window) if window else None
                 now = time.perf_counter()
-                rate = s["count"] / max(now - t_last_log, 1e-9) if step > first_step else 0.0
-                for k in StepMetrics._fields:
-                    totals[k] += s[k]
-                rec = {"kind": "train", "step": step, "epoch": (step - 1) // steps_per_epoch,
-                       "examples": step * tc.batch_size, "loss": s["loss"],
-                       "train_ne_window": _ne(s), "train_ne": _ne(totals),
-                       "examples_per_sec": rate, "wall": now - t0}
-                writer.write(rec)
-                bar.set_postfix(loss=f"{s['loss']:.4f}", ne=f"{rec['train_ne']:.4f}",
-                                ex_s=f"{rate:,.0f}", refresh=False)
-                bar.update(len(window))
-                window, t_last_log = [], now
+                rate = (step - log_from) * tc.batch_size / max(now - t_log, 1e-9)
+                if s is not None:
+                    progress.add(s)
+                    bar.set_postfix(loss=f"{s['loss']:.4f}", ne=f"{_ne(progress.totals):.4f}",
+                                    ex_s=f"{rate:,.0f}", refresh=False)
+                    writer.write({"kind": "train", "step": step,
+                                  "epoch": (step - 1) // steps_per_epoch,
+                                  "examples": step * tc.batch_size, "loss": s["loss"],
+                                  "train_ne_window": _ne(s), "train_ne": _ne(progress.totals),
+                                  "examples_per_sec": rate, "wall": progress.wall_seconds + now - t0})
+                bar.update(step - bar.n)
+                window, t_log, log_from = [], time.perf_counter(), step
             if tc.eval_every and step % tc.eval_every == 0 and step < stop_at:
-                last_eval, _ = evaluate(cfg, data, predict, state.params, state.tables)
-                writer.write({"kind": "eval", "step": step, **last_eval})
-            if ckpt and ((tc.ckpt_every and step % tc.ckpt_every == 0)
-                         or step % steps_per_epoch == 0) and step < stop_at:
-                ckpt.save(step, state, meta)
+                t = time.perf_counter()
+                ev, _ = evaluate(cfg, data, predict, state.params, state.tables)
+                writer.write({"kind": "eval", "step": step, **ev})
+                paused += time.perf_counter() - t
+                t_log = time.perf_counter()
+            if ckpt and step < stop_at and ((tc.ckpt_every and step % tc.ckpt_every == 0)
+                                            or step % steps_per_epoch == 0):
+                save(step)
+                t_log = time.perf_counter()
     except KeyboardInterrupt:
         interrupted = True
     finally:
         prefetch.close()
         bar.close()
     t_train_end = time.perf_counter()
+    seg_seconds = t_train_end - t_first - paused if t_first else 0.0
     if ckpt and step > start_step:
         try:  # state is between steps here: a consistent point to save
-            ckpt.save(step, state, meta)
+            save(step)
         except RuntimeError as e:  # interrupted inside a dispatch: the donated state is gone
             print(f"could not checkpoint step {step} ({e}); the previous checkpoint is intact")
+    elif window:
+        progress.add(_sum_metrics(window))
     if interrupted or step < total_steps:
         if ckpt:
             ckpt.close()
@@ -215,16 +291,22 @@ def run(cfg: Config, make_strategy=None) -> dict:
 
     ev, preds = evaluate(cfg, data, predict, state.params, state.tables)
     writer.write({"kind": "eval", "step": step, **ev})
-    timed = step - (first_step if t_first else step)
+    timed = timed_before + (step - first_step if t_first else 0)
+    train_seconds = train_seconds_before + seg_seconds
+    warnings = []
+    if not np.isfinite(ev["auc"]):
+        warnings.append(f"eval AUC/NE are undefined: the eval set ({ev['examples']} examples) "
+                        f"has a single class (CTR {ev['ctr']}); use a larger eval set")
     summary = {
         "algorithm": tc.algo, "model": cfg.model.name, "dataset": cfg.data.train,
         "eval_dataset": data.eval_desc,
         "examples": step * tc.batch_size, "steps": step, "epochs": step / steps_per_epoch,
         "batch_size": tc.batch_size,
-        "wall_seconds": time.perf_counter() - t0,
-        "train_seconds": t_train_end - (t_first or t_train_end),
-        "examples_per_sec": timed * tc.batch_size / max(t_train_end - (t_first or t_train_end), 1e-9),
-        "train_ne": _ne(totals) if totals["count"] else float("nan"),
+        "wall_seconds": progress.wall_seconds + time.perf_counter() - t0,
+        "train_seconds": train_seconds,
+        "examples_per_sec": timed * tc.batch_size / train_seconds if train_seconds > 0 else None,
+        "train_ne": _ne(progress.totals) if progress.totals["count"] else None,
+        "train_examples_scored": progress.totals["count"],
         "train_loss_last": float(jax.device_get(m.loss)) if step > start_step else None,
         "eval_auc": ev["auc"], "eval_auc_error_bound": ev["auc_error_bound"],
         "eval_logloss": ev["logloss"], "eval_ne": ev["ne"], "eval_calibration": ev["calibration"],
@@ -234,11 +316,14 @@ def run(cfg: Config, make_strategy=None) -> dict:
         **count_params(state),
         **strategy.summary(),
         "resumed_from_step": start_step if tc.resume else None,
+        "warnings": warnings,
         "hardware": {"platform": jax.default_backend(), "devices": jax.device_count(),
                      "device_kind": jax.devices()[0].device_kind, "cpu": platform.processor(),
                      "cores": os.cpu_count(), "jax": jax.__version__},
         "config": cfg.to_dict(),
     }
+    for w in warnings:
+        print(f"warning: {w}")
     if isinstance(data.eval, SyntheticSource) and cfg.synthetic.teacher:
         bayes = data.eval.bayes_optimal()
         summary.update(bayes_eval_ne=bayes["ne"], bayes_eval_auc=bayes["auc"],
