@@ -56,8 +56,9 @@ class Checkpointer:
             got = self._mngr.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
         except (ValueError, KeyError, TypeError) as e:
+            detail = str(e).splitlines()[0][:300]
             raise ValueError(f"checkpoint {self.directory}/{step} does not fit this run's model "
-                             f"and data (different --model, sizes or data schema?): {e}") from e
+                             f"and data (different --model, sizes or data schema?): {detail}") from e
         return got.state, got.meta
 
     def close(self) -> None:

@@ -51,6 +51,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     for s in SWITCHES:
         p.add_argument("--" + s.replace("_", "-"), action="store_true", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true", help="list every config key and exit")
     return p

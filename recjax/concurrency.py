@@ -1,4 +1,4 @@
-"""The one module of the core library that starts threads: background prefetch.
+"""The one module of the core library that starts threads: prefetch and thread groups.
 
 `Prefetcher` runs an iterator in a daemon producer thread that fills a bounded queue, so parsing
 (and, with ``transform=jax.device_put``, the host-to-device copy) overlaps training. The pattern
@@ -8,12 +8,16 @@ the producer's traceback, and a ``close()`` that returns promptly however the co
     with Prefetcher(batches(source, 512, ...), depth=4) as it:
         for batch, n_valid in it:
             ...
+
+`ThreadGroup` starts the host-async runtime's threads (workers, shadow threads): named daemon
+threads, one shared stop Event, the first exception re-raised in the caller with its traceback.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -157,3 +161,110 @@ class Prefetcher(Generic[T]):
         stop = getattr(self, "_stop", None)
         if stop is not None:
             stop.set()
+
+
+class ThreadGroup:
+    """Named daemon threads sharing one stop Event; the first failure stops them all.
+
+    The host-async runtime (``algorithms/runtime.py``) starts every thread it needs through a
+    group, so that shutdown has one path: an exception in any thread is recorded (with its
+    traceback) and sets the shared ``stop`` Event; the caller's `wait` re-raises it. Thread bodies
+    must poll ``stop`` (or block with ``stop.wait(t)`` / short timeouts) to end promptly.
+
+        group = ThreadGroup("recjax-runtime")
+        try:
+            for i in range(4):
+                group.spawn(body, i, group.stop, name=f"worker-{i}")
+            group.wait()          # re-raises the first thread exception; Ctrl-C lands here
+        finally:
+            group.close()         # sets stop, joins with a timeout
+
+    Args:
+      name: prefix of the threads' names (``f"{name}-{thread name}"``).
+    """
+
+    def __init__(self, name: str = "recjax-group"):
+        self.name = name
+        self.stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+
+    def spawn(self, target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
+        """Start ``target(*args)`` in a named daemon thread of this group."""
+        if self.stop.is_set():
+            raise RuntimeError(f"thread group {self.name} is stopped; start a new group")
+        t = threading.Thread(target=self._body, args=(target, args), name=f"{self.name}-{name}",
+                             daemon=True)
+        self._threads.append(t)
+        t.start()
+        return t
+
+    def _body(self, target: Callable[..., Any], args: tuple) -> None:
+        try:
+            target(*args)
+        except BaseException as e:  # noqa: BLE001 -- recorded and re-raised by the caller
+            with self._lock:
+                if self._error is None:
+                    self._error = e
+            self.stop.set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first exception raised by a thread of the group, if any."""
+        return self._error
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the first thread exception (its ``__traceback__`` holds the thread's frames)."""
+        if self._error is not None:
+            raise self._error
+
+    def wait(self, threads: Iterable[threading.Thread] | None = None,
+             timeout: float | None = None, on_poll: Callable[[], None] | None = None) -> bool:
+        """Block until `threads` (default: all) have ended, a thread failed, or `timeout` passed.
+
+        Waits in short joins, so a KeyboardInterrupt reaches the calling (main) thread promptly.
+
+        Args:
+          threads: the threads to wait for (e.g. only the workers, not background threads).
+          timeout: seconds; None = no limit.
+          on_poll: called every poll interval from the waiting thread (e.g. progress logging).
+
+        Returns:
+          True when the threads ended, False on timeout.
+
+        Raises:
+          The first exception raised by any thread of the group.
+        """
+        pending = list(self._threads if threads is None else threads)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            self.raise_if_failed()
+            pending[0].join(_POLL_S)
+            pending = [t for t in pending if t.is_alive()]
+            if on_poll is not None:
+                on_poll()
+            if deadline is not None and time.monotonic() > deadline:
+                self.raise_if_failed()
+                return False
+        self.raise_if_failed()
+        return True
+
+    def close(self, timeout: float = 10.0) -> list[threading.Thread]:
+        """Set ``stop`` and join every thread (idempotent); returns the threads still alive."""
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(deadline - time.monotonic(), 0.0))
+        return [t for t in self._threads if t.is_alive()]
+
+    @property
+    def alive(self) -> list[threading.Thread]:
+        return [t for t in self._threads if t.is_alive()]
+
+    def __enter__(self) -> ThreadGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 
 from recjax.data.synthetic import SyntheticConfig
@@ -272,30 +273,29 @@ class ConfigError(ValueError):
 
 def _parse_value(text: str, typ, key: str):
     """Parse `text` as the annotated type `typ` (bool, int, float, str, tuple[int, ...])."""
-    origin = typing.get_origin(typ)
-    try:
-        if typ is bool:
-            low = text.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if typ is int:
-            return int(text.replace("_", ""))
-        if typ is float:
-            return float(text)
-        if typ is str:
-            return text
-        if origin is tuple:
-            (elem, *_rest) = typing.get_args(typ)
-            parts = [p for p in text.replace("(", "").replace(")", "").split(",") if p.strip()]
-            return tuple(_parse_value(p.strip(), elem, key) for p in parts)
-    except ValueError:
-        pass
-    else:
-        raise ConfigError(f"{key}: unsupported field type {typ}")
-    raise ConfigError(f"{key}={text!r}: expected a value of type {getattr(typ, '__name__', typ)}")
+    bad = ConfigError(f"{key}={text!r}: expected a value of type {getattr(typ, '__name__', typ)}")
+    if typ is str:
+        return text
+    if typ is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise bad
+    if typ in (int, float):
+        try:
+            value = typ(text.replace("_", "") if typ is int else text)
+        except ValueError:
+            raise bad from None
+        if typ is float and not math.isfinite(value):
+            raise ConfigError(f"{key}={text!r}: must be a finite number")
+        return value
+    if typing.get_origin(typ) is tuple:
+        elem = typing.get_args(typ)[0]
+        parts = [p for p in text.strip("()[] ").split(",") if p.strip()]
+        return tuple(_parse_value(p.strip(), elem, key) for p in parts)
+    raise ConfigError(f"{key}: unsupported field type {typ}")
 
 
 def override(cfg, key: str, text: str):

@@ -57,7 +57,9 @@ def dlrm_kaggle() -> Config:
 
 
 def criteo() -> Config:
-    """Logistic regression on the Criteo Kaggle 8k sample (valid AUC >= 0.70):
+    """Logistic regression on the Criteo Kaggle 8k sample (valid AUC >= 0.70).
+
+    Paths are relative to $RECJAX_DATA (default: ../shared/data next to the checkout):
 
     The sample is 7,200 lines, so deep models overfit it within an epoch (DeepFM reaches ~0.69
     with these settings); LR with Adagrad is the strong baseline here.
@@ -65,8 +67,8 @@ def criteo() -> Config:
         python scripts/train.py --config criteo --out runs/criteo
     """
     return Config(
-        data=DataConfig(train="criteo:../shared/data/criteo_kaggle_8k/train.tsv",
-                        eval="criteo:../shared/data/criteo_kaggle_8k/valid.tsv", hash_buckets=1 << 15),
+        data=DataConfig(train="criteo:criteo_kaggle_8k/train.tsv",
+                        eval="criteo:criteo_kaggle_8k/valid.tsv", hash_buckets=1 << 15),
         model=ModelConfig(name="lr", embed_dim=8, deep_mlp=(64, 32)),
         dense=DenseOptimConfig(name="adam", lr=1e-3),
         sparse=SparseOptimConfig(name="adagrad", lr=0.01),
@@ -80,7 +82,7 @@ def frappe() -> Config:
         python scripts/train.py --config frappe --out runs/frappe
     """
     return Config(
-        data=DataConfig(train="frappe:../shared/data/frappe/frappe.train.libfm"),
+        data=DataConfig(train="frappe:frappe/frappe.train.libfm"),
         model=ModelConfig(name="fm", embed_dim=16),
         dense=DenseOptimConfig(name="adam", lr=1e-3),
         sparse=SparseOptimConfig(name="adagrad", lr=0.1),

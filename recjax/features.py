@@ -21,18 +21,24 @@ class FieldSpec:
       max_len: ids per example; 1 for a one-hot field, > 1 for a multi-hot field padded with a mask.
       table: embedding table the field looks up; fields naming the same table share it.
         Defaults to the field's own name.
+      pooling: "sum" or "mean" over the ids of a multi-hot field; "" = the run's
+        ``embed.pooling``. (The embedding dim is the model's ``embed_dim`` for every field: the
+        models' activations are one ``[B, F, D]`` tensor, DESIGN.md section 1.)
     """
 
     name: str
     vocab_size: int
     max_len: int = 1
     table: str = ""
+    pooling: str = ""
 
     def __post_init__(self):
         if self.vocab_size < 1:
             raise ValueError(f"field {self.name!r}: vocab_size must be >= 1, got {self.vocab_size}")
         if self.max_len < 1:
             raise ValueError(f"field {self.name!r}: max_len must be >= 1, got {self.max_len}")
+        if self.pooling not in ("", "sum", "mean"):
+            raise ValueError(f"field {self.name!r}: pooling must be sum or mean, got {self.pooling!r}")
         if not self.table:
             object.__setattr__(self, "table", self.name)
 

@@ -26,8 +26,10 @@ def main(argv=None) -> int:
 
     try:
         summary = algorithms.run(cfg)
-    except (ValueError, FileNotFoundError) as e:  # bad input/config: a message, not a traceback
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # bad input/config/paths: a message, not a traceback
+        if args.debug:
+            raise
+        print(f"error: {e}\n(run with --debug for the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; the last checkpoint (if --out was given) is intact", file=sys.stderr)

@@ -82,3 +82,25 @@ def test_every_format_trains(tmp_path, spec):
                  "--data.hash_buckets=1024", "--out", str(tmp_path), "--no-progress"]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["steps"] == 3 and s["eval_logloss"] is not None
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("dense.lr", "nan", "finite"),
+    ("train.resume", "maybe", "type bool"),
+])
+def test_more_bad_values(key, value, msg):
+    with pytest.raises(ConfigError, match=msg):
+        override(default(), key, value)
+
+
+def test_list_syntax_and_no_abbreviations(capsys):
+    assert override(default(), "model.bottom_mlp", "[64, 32]").model.bottom_mlp == (64, 32)
+    with pytest.raises(SystemExit):
+        cli.parse(["--batch", "64"], "t")
+
+
+def test_io_errors_are_messages(tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["--config", "smoke", "--out", str(f), "--no-progress"]) == 2
+    assert "Not a directory" in capsys.readouterr().err

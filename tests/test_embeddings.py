@@ -152,3 +152,23 @@ def test_padding_never_touches_a_row():
 def test_unknown_optimizer_message():
     with pytest.raises(ValueError, match="choose one of"):
         SparseOptimConfig(name="lamb")
+
+
+def test_per_field_pooling_overrides_the_default():
+    spec = FeatureSpec((), (FieldSpec("s", 5, max_len=3, pooling="mean"), FieldSpec("t", 5, max_len=3)))
+    layout = make_layout(spec, {"emb": 2}, "sum")
+    assert [t.pooling for t in layout.tables] == ["mean", "sum"]
+    tables = {"emb/s": np.ones((5, 2), np.float32), "emb/t": np.ones((5, 2), np.float32)}
+    ids = jnp.zeros((1, 2, 3), jnp.int32)
+    mask = jnp.asarray([[[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]])
+    acts = lookup(layout, tables, ids, mask)["emb"]
+    np.testing.assert_allclose(acts[0], [[1.0, 1.0], [2.0, 2.0]])
+    with pytest.raises(ValueError, match="different poolings"):
+        make_layout(FeatureSpec((), (FieldSpec("a", 5, table="x", pooling="mean"),
+                                     FieldSpec("b", 5, table="x"))), {"emb": 2}, "sum")
+
+
+def test_tables_with_similar_names_get_different_init():
+    spec = FeatureSpec((), (FieldSpec("user_feature_0001", 50), FieldSpec("user_feature_0002", 50)))
+    t = init_tables(make_layout(spec, {"emb": 4}), seed=0)
+    assert not np.array_equal(t["emb/user_feature_0001"], t["emb/user_feature_0002"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from recjax.batch import Chunk
+from recjax.data import hashing, readers
 from recjax.data.base import DataSource, ReadStats
 
 FORMAT = 1  # bump when the layout of a cache directory changes
@@ -31,9 +33,15 @@ def cache_key(source: DataSource, options: dict) -> str:
     """Stable id of (file, its size and mtime, schema, reader options, cache format)."""
     path = os.path.abspath(getattr(source, "path", source.name))
     st = os.stat(path)
+    # The reader's code is part of the key: a changed parser or hash never replays old arrays.
+    code = hashlib.sha256()
+    for mod in {inspect.getsourcefile(type(source)), readers.__file__, hashing.__file__}:
+        if mod:
+            with open(mod, "rb") as f:
+                code.update(f.read())
     blob = json.dumps({"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                       "spec": repr(source.spec), "options": options, "format": FORMAT},
-                      sort_keys=True)
+                       "spec": repr(source.spec), "options": options, "format": FORMAT,
+                       "code": code.hexdigest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -42,6 +42,8 @@ _INT_CHARS = b"0123456789-"
 _HEX_CHARS = b"0123456789abcdef"
 _INT_RE = re.compile(rb"-?[0-9]+")
 _INT64_MAX = 2**63 - 1
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"PK\x03\x04": "zip"}
+_DECOMPRESS = {"gzip": "gunzip", "bzip2": "bunzip2", "xz": "unxz", "zip": "unzip"}
 
 
 class Problems:
@@ -271,7 +273,13 @@ class TextSource:
             raise DataError(self.path, None, None, "not a regular file",
                             "Give the path of the data file itself, not of its folder")
         with open(self.path, "rb") as f:
+            magic = f.read(6)
+            f.seek(0)
             first, second = f.readline(), f.readline()
+        for sig, fmt in _COMPRESSED.items():
+            if magic.startswith(sig):
+                raise DataError(self.path, None, None, f"the file is {fmt}-compressed",
+                                f"Decompress it first (e.g. `{_DECOMPRESS[fmt]} {self.path}`)")
         if not first:
             raise DataError(self.path, None, None, "empty file: no lines at all",
                             "Check that the file was fully downloaded or extracted")

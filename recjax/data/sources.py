@@ -44,6 +44,11 @@ class SourceOptions:
     multi_hot_len: int = 20
 
 
+# Where relative data paths are also looked up when $RECJAX_DATA is unset: the shared data folder
+# next to a development checkout (../shared/data from the repository root).
+DEFAULT_DATA = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared",
+                                             "data"))
+
 SourceFactory = Callable[[str, str, SourceOptions], DataSource]
 
 
@@ -55,7 +60,7 @@ def resolve_path(path: str) -> str:
     """
     if os.path.exists(path):
         return path
-    root = os.environ.get("RECJAX_DATA")
+    root = os.environ.get("RECJAX_DATA") or (DEFAULT_DATA if os.path.isdir(DEFAULT_DATA) else None)
     tried = [os.path.abspath(path)]
     if root and not os.path.isabs(path):
         candidate = os.path.join(root, path)

@@ -63,10 +63,10 @@ class SparseOptimConfig:
 
     def __post_init__(self):
         if self.name not in SPARSE_OPTIMIZERS:
-            raise ValueError(f"optim.sparse: unknown sparse optimizer {self.name!r}; "
+            raise ValueError(f"sparse.name: unknown sparse optimizer {self.name!r}; "
                              f"choose one of {sorted(SPARSE_OPTIMIZERS)}")
         if self.lr <= 0:
-            raise ValueError(f"optim.sparse_lr must be > 0, got {self.lr}")
+            raise ValueError(f"sparse.lr must be > 0, got {self.lr}")
 
 
 def coalesce(ids: jax.Array, grads: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:

@@ -15,6 +15,7 @@ may share a table (torchrec's ``EmbeddingBagConfig.feature_names``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -67,7 +68,10 @@ class EmbeddingLayout:
 
 
 def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum") -> EmbeddingLayout:
-    """One table per (group, distinct table of the spec), fields sharing tables as the spec says."""
+    """One table per (group, distinct table of the spec), fields sharing tables as the spec says.
+
+    `pooling` is the default; a field's own ``FieldSpec.pooling`` overrides it.
+    """
     if pooling not in ("sum", "mean"):
         raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
     if spec.n_fields == 0:
@@ -78,13 +82,17 @@ def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum")
         for i, f in enumerate(spec.fields):
             by_table.setdefault(f.table, []).append(i)
         for table, idx in by_table.items():
+            pools = {spec.fields[i].pooling or pooling for i in idx}
+            if len(pools) > 1:
+                raise ValueError(f"fields sharing table {table!r} ask for different poolings "
+                                 f"{sorted(pools)}; give them one")
             tables.append(TableConfig(
                 name=f"{group}/{table}",
                 num_embeddings=spec.fields[idx[0]].vocab_size,
                 embedding_dim=dim,
                 feature_names=tuple(spec.fields[i].name for i in idx),
                 field_index=tuple(idx),
-                pooling=pooling,
+                pooling=pools.pop(),
             ))
     return EmbeddingLayout(tuple(groups.items()), tuple(tables), spec.n_fields)
 
@@ -99,8 +107,8 @@ def init_tables(layout: EmbeddingLayout, seed: int, scale: str | float = "dlrm")
     """
     out = {}
     for t in layout.tables:
-        name_key = int.from_bytes(t.name.encode()[:16].ljust(16, b"\0"), "little") % (2**63)
-        rng = np.random.default_rng([seed, name_key, len(t.name)])
+        name_key = int.from_bytes(hashlib.sha256(t.name.encode()).digest()[:8], "little")
+        rng = np.random.default_rng([seed, name_key])
         shape = (t.num_embeddings, t.embedding_dim)
         if t.embedding_dim == 1:
             out[t.name] = np.zeros(shape, np.float32)
