@@ -55,6 +55,8 @@ SourceFactory = Callable[[str, str, SourceOptions], DataSource]
 def resolve_path(path: str) -> str:
     """`path` if it exists, else ``$RECJAX_DATA/path`` for a relative path that exists there.
 
+    Without $RECJAX_DATA, `DEFAULT_DATA` (../shared/data next to the checkout) is tried instead.
+
     Raises:
       DataError: neither exists; the message names both places that were tried.
     """
@@ -67,8 +69,11 @@ def resolve_path(path: str) -> str:
         if os.path.exists(candidate):
             return candidate
         tried.append(os.path.abspath(candidate))
-    hint = ("" if root else "; relative paths are also looked up under $RECJAX_DATA, "
-            "which is not set")
+    if os.environ.get("RECJAX_DATA"):
+        hint = ""
+    else:
+        hint = ("; relative paths are also looked up under $RECJAX_DATA, which is not set"
+                + (f" (so {DEFAULT_DATA} was tried)" if root else ""))
     raise DataError(path, None, None, f"no such file (tried {', '.join(tried)})",
                     f"Check the path{hint}")
 

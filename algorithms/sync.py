@@ -1,0 +1,237 @@
+"""Fully synchronous SPMD training on a device mesh (the data-parallel + sharded-table baseline).
+
+    python scripts/train.py --algo sync --devices 8 --mesh data=4,model=2 \\
+        --spmd.table_rules="emb/C1:table_wise;wide/.*:data_parallel;.*:row_wise"
+
+Dense params replicated, the batch split on ``data``, every embedding table placed by the rule
+table (`sharding.rules`) on the ``model`` axis, or, on a 1-D mesh (no ``--mesh``: all devices on
+``data``), on the data axis itself, torchrec style. One step is the single-device
+`recjax.train.step.train_step` with its pieces rearranged (maxtext's "wrap the local step"):
+
+    acts             = sharded_lookup(tables, ids)                   psum over the table axis
+    loss, g_p, g_a   = loss_and_grads(model, params, acts, batch)    local batch; g_p all-reduced
+    params           = apply_dense(tx, params, g_p / n_data)         replicated, identical
+    tables           = sharded_update(tables, all_gather(ids, g_a))  each device its own rows
+
+so the trajectory equals the single-device one on the same global batch (tests/test_sync.py).
+`run_spmd` is shared with DES: runtime set-up, multi-process output, final-state dump.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from recjax.batch import Batch
+from recjax.config import Config
+from recjax.data.sources import open_source
+from recjax.data.synthetic import SyntheticSource
+from recjax.features import FeatureSpec
+from recjax.runlog import write_json_atomic
+from recjax.train import loop
+from recjax.train.setup import make_model
+from recjax.train.step import StepMetrics, TrainState, apply_dense, loss_and_grads, step_metrics
+from sharding import arrays, comm, embedding, mesh, rules
+
+AXES = ("data", "model")
+
+
+def feature_spec(cfg: Config) -> FeatureSpec:
+    """The training data's schema, without reading the data (for checks before any compile)."""
+    if cfg.data.train == "synthetic" or cfg.data.train.startswith("synthetic:"):
+        return SyntheticSource(cfg.synthetic).spec
+    return open_source(cfg.data.train, hash_buckets=cfg.data.hash_buckets,
+                       multi_hot_len=cfg.data.multi_hot_len).spec
+
+
+def batch_specs(mask: bool, ids_spec: P | None = None) -> Batch:
+    """Batch split on ``data``; `ids_spec` overrides the ids/mask spec (DES: by field too)."""
+    ids_spec = ids_spec or P("data")
+    return Batch(P("data"), ids_spec, ids_spec if mask else None, P("data"))
+
+
+def global_metrics(m: StepMetrics, data_axis: str = "data") -> StepMetrics:
+    """Per-shard metrics -> the global batch's (mean loss, summed counts)."""
+    sums = [jax.lax.psum(getattr(m, k), data_axis) for k in StepMetrics._fields[1:]]
+    return StepMetrics(jax.lax.pmean(m.loss, data_axis), *sums)
+
+
+def abstract_batch(cfg: Config, spec: FeatureSpec, batch_size: int) -> Batch:
+    f32, i32 = np.float32, np.int32
+    ids = jax.ShapeDtypeStruct((batch_size, spec.n_fields, spec.max_len), i32)
+    mask = jax.ShapeDtypeStruct(ids.shape, f32) if spec.multi_hot else None
+    return Batch(jax.ShapeDtypeStruct((batch_size, spec.n_dense), f32), ids, mask,
+                 jax.ShapeDtypeStruct((batch_size,), f32))
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncSetup:
+    """Everything decided from the config before any JAX computation (so errors come first)."""
+
+    cfg: Config
+    spec: FeatureSpec
+    mesh: object
+    plan: embedding.EmbeddingPlan
+
+    @classmethod
+    def from_config(cls, cfg: Config, n_devices: int, spec: FeatureSpec | None = None) -> SyncSetup:
+        spec = spec or feature_spec(cfg)
+        sizes = mesh.mesh_shape(cfg.spmd.mesh, AXES, n_devices, "data")
+        mesh.check_batch(cfg.train.batch_size, sizes["data"])
+        layout = make_model(cfg, spec).layout
+        kinds = rules.resolve(rules.parse_rules(cfg.spmd.table_rules),
+                              [t.name for t in layout.tables], "row_wise")
+        axis = "model" if sizes["model"] > 1 else "data"
+        plan = embedding.make_plan(layout, kinds, axis, sizes[axis], "data", sizes["data"],
+                                   cfg.sparse.name)
+        return cls(cfg, spec, mesh.make_mesh(sizes), plan)
+
+
+class SyncStrategy:
+    """`loop.Strategy` of the sync algorithm on ``setup.mesh``."""
+
+    name = "sync"
+
+    def __init__(self, setup: SyncSetup, model, tx, sparse_opt):
+        self.setup, self.model, self.tx, self.opt = setup, model, tx, sparse_opt
+        self.mesh, self.plan = setup.mesh, setup.plan
+        self.n_data = self.mesh.shape["data"]
+        self.comm: dict = {}
+
+    # -- placement --
+    def _specs(self, state: TrainState) -> TrainState:
+        return TrainState(P(), P(), P(), embedding.store_specs(self.plan, state.tables),
+                          embedding.store_specs(self.plan, state.slots))
+
+    def prepare(self, state: TrainState) -> TrainState:
+        host = arrays.fetch(state)
+        sharded = TrainState(host.step, host.params, host.opt_state,
+                             embedding.to_stores(self.plan, host.tables),
+                             embedding.to_stores(self.plan, host.slots))
+        self.specs = self._specs(sharded)
+        placed = arrays.put_tree(sharded, self.mesh, self.specs)
+        self._build(placed)
+        return placed
+
+    def unshard(self, state: TrainState) -> TrainState:
+        """The state in the single-device layout, as host numpy (a collective across processes)."""
+        host = arrays.fetch(state)
+        return TrainState(host.step, host.params, host.opt_state,
+                          embedding.from_stores(self.plan, host.tables),
+                          embedding.from_stores(self.plan, host.slots))
+
+    def put_batch(self, batch: Batch) -> Batch:
+        return self._place(batch)
+
+    def _place(self, batch: Batch) -> Batch:
+        return arrays.put_tree(batch, self.mesh, batch_specs(batch.mask is not None))
+
+    # -- the step --
+    def _body(self, params, tables, slots, step, batch):
+        plan, nd = self.plan, self.n_data
+        acts = embedding.sharded_lookup(plan, tables, batch.ids, batch.mask)
+        (loss, logits), (g_p, g_a) = loss_and_grads(self.model, params, acts, batch)
+        # shard_map's autodiff already summed g_p over the data shards (transpose of pvary);
+        # each shard differentiated its local mean, so / n_data gives the global mean's grad.
+        g_p = jax.tree.map(lambda g: g / nd, g_p)
+        gather = lambda x: jax.lax.all_gather(x, "data", axis=0, tiled=True, to="invarying")  # noqa: E731
+        w = embedding.pool_weights(plan, batch.ids, batch.mask)
+        g_all = {k: gather(v / nd) for k, v in g_a.items()}
+        tables, slots = embedding.sharded_update(plan, self.opt, tables, slots, gather(batch.ids),
+                                                 gather(w), g_all, step)
+        return g_p, tables, slots, global_metrics(step_metrics(loss, logits, batch.label))
+
+    def _step(self, state: TrainState, batch: Batch):
+        s = self.specs
+        mask = batch.mask is not None
+        g_p, tables, slots, metrics = jax.shard_map(
+            self._body, mesh=self.mesh,
+            in_specs=(P(), s.tables, s.slots, P(), batch_specs(mask)),
+            out_specs=(P(), s.tables, s.slots, P()),
+        )(state.params, state.tables, state.slots, state.step, batch)
+        params, opt_state = apply_dense(self.tx, state.params, state.opt_state, g_p)
+        return TrainState(state.step + 1, params, opt_state, tables, slots), metrics
+
+    def _predict_body(self, params, tables, batch):
+        acts = embedding.sharded_lookup(self.plan, tables, batch.ids, batch.mask)
+        logits = self.model.logits(params, acts, batch.dense)
+        return jax.lax.all_gather(logits, "data", axis=0, tiled=True, to="invarying")
+
+    def _predict(self, params, tables, batch):
+        s = self.specs
+        return jax.shard_map(self._predict_body, mesh=self.mesh,
+                             in_specs=(P(), s.tables, batch_specs(batch.mask is not None)),
+                             out_specs=P())(params, tables, batch)
+
+    def _build(self, placed: TrainState) -> None:
+        self.train_step = jax.jit(self._step, donate_argnums=0)
+        self._predict_jit = jax.jit(self._predict)
+        self.comm = comm.summarize(comm.collectives(self._step, self.mesh, placed,
+                                                    self._abstract_batch()))
+
+    def _abstract_batch(self) -> Batch:
+        cfg = self.setup.cfg
+        return abstract_batch(cfg, self.setup.spec, cfg.train.batch_size)
+
+    def predict(self, params, tables, batch: Batch):
+        """Logits of a host batch, padded to a multiple of the data axis (eval batches)."""
+        n = batch.label.shape[0]
+        pad = -n % self.n_data
+        if pad:
+            batch = Batch(*(None if x is None else np.concatenate([x, np.zeros((pad,) + x.shape[1:],
+                                                                               x.dtype)])
+                            for x in batch))
+        return self._predict_jit(params, tables, self._place(batch))[:n]
+
+    def summary(self) -> dict:
+        return {"mesh": dict(self.mesh.shape), "table_axis": self.plan.axis,
+                "table_sharding": self.plan.kinds, **self.comm}
+
+
+# ---- shared by the SPMD algorithms ---------------------------------------------------------
+
+
+def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
+    """Set up devices, check the config, train with the shared trainer, write the outputs.
+
+    In a multi-process run every process trains (SPMD) but only process 0 writes ``--out``
+    (summary.json, and final_state.npz with ``spmd.save_state``); checkpoints and
+    metrics.jsonl are written by single-process runs only.
+    """
+    n = mesh.init_runtime(cfg)
+    setup = setup_cls.from_config(cfg, n)  # every config error is raised here, before compiling
+    multi, lead = cfg.spmd.num_processes > 1, jax.process_index() == 0
+    inner = cfg
+    if multi:
+        inner = dataclasses.replace(cfg, train=dataclasses.replace(
+            cfg.train, out="", save_predictions=False, resume=False,
+            progress=cfg.train.progress and lead))
+    made = []
+
+    def make_strategy(_cfg, model, tx, sparse_opt):
+        made.append(strategy_cls(setup, model, tx, sparse_opt))
+        return made[0]
+
+    summary = loop.run(inner, make_strategy)
+    state = summary.pop("final_state", None)
+    out = cfg.train.out
+    if cfg.spmd.save_state and state is not None:
+        host = made[0].unshard(state)
+        if lead and out:
+            flat = jax.tree_util.tree_flatten_with_path(host)[0]
+            os.makedirs(out, exist_ok=True)
+            np.savez(os.path.join(out, "final_state.npz"),
+                     **{jax.tree_util.keystr(k): np.asarray(v) for k, v in flat})
+    if multi and lead and out and "stopped_at" not in summary:
+        write_json_atomic(os.path.join(out, "summary.json"),
+                          summary | {"num_processes": cfg.spmd.num_processes})
+    return summary | {"final_state": state}
+
+
+def run(cfg: Config) -> dict:
+    """`algorithms.RUNNERS["sync"]`."""
+    return run_spmd(cfg, SyncSetup, SyncStrategy)

@@ -1,0 +1,82 @@
+"""Throughput of the SPMD algorithms vs the single-device trainer at equal global batch.
+
+    python scripts/bench_spmd.py [--repeats 5] [--quick]
+
+Each configuration runs as its own `scripts/train.py` process (fake CPU devices must be set up
+before JAX starts), ``repeats`` times; the row reports the median examples/sec over the timed
+steps (summary.json's ``examples_per_sec``, which excludes the first, compiling step). On a
+2-core host 8 fake devices share the cores, so the ratios measure SPMD overhead, not speedup
+(PERF_NOTES item 7). `bench_spmd` is what scripts/bench.py calls.
+"""
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.launch import launch  # noqa: E402
+
+MODEL = ["--model", "deepfm", "--data", "synthetic:criteo_teacher", "--model.embed_dim=16",
+         "--model.deep_mlp=256,128", "--batch-size", "4096", "--synthetic.n_eval=4096",
+         "--sparse.name=sgd", "--dense.name=sgd", "--no-progress"]
+CONFIGS = [  # name, train.py args, processes
+    ("single", ["--algo", "single"], 1),
+    ("sync_8dev", ["--algo", "sync", "--devices", "8"], 1),
+    ("sync_8dev_data4_model2", ["--algo", "sync", "--devices", "8", "--mesh", "data=4,model=2"], 1),
+    ("des_8dev", ["--algo", "des", "--devices", "8"], 1),
+    ("des_1proc_2dev", ["--algo", "des", "--devices", "2"], 1),
+    ("des_2proc", ["--algo", "des"], 2),
+]
+
+
+def _once(args: list[str], procs: int, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, str(ROOT / "scripts/train.py"), *MODEL, "--steps", str(steps),
+               "--out", out, *args]
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        if procs == 1:
+            subprocess.run(cmd, check=True, cwd=ROOT, env=env, capture_output=True)
+        elif launch(cmd, procs, quiet=True) != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed")
+        return json.loads(pathlib.Path(out, "summary.json").read_text())["examples_per_sec"]
+
+
+def bench_spmd(repeats: int = 5, quick: bool = False) -> list[dict]:
+    """Rows ``{name, examples_per_sec, ratio_to_single, repeats, median, samples}``."""
+    steps = 12 if quick else 40
+    rows = []
+    for name, args, procs in CONFIGS:
+        samples = [_once(args, procs, steps) for _ in range(repeats)]
+        med = statistics.median(samples)
+        rows.append({"name": name, "examples_per_sec": med, "repeats": repeats, "median": med,
+                     "samples": samples})
+    single = rows[0]["median"]
+    for r in rows:
+        r["ratio_to_single"] = r["median"] / single
+    return rows
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default="")
+    a = p.parse_args(argv)
+    rows = bench_spmd(a.repeats, a.quick)
+    for r in rows:
+        print(f"{r['name']:>24}  {r['examples_per_sec']:>10,.0f} ex/s  x{r['ratio_to_single']:.2f}")
+    if a.out:
+        pathlib.Path(a.out).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""Embedding tables placed on a mesh by sharding type, and their lookup/update inside `shard_map`.
+
+A plan turns the reference tables (``name -> f32[V, D]``, `recjax.embeddings`) into *stores*,
+the arrays that live on the mesh:
+
+* ``replicated`` (data_parallel): the table itself, ``P()``;
+* ``rows`` (row_wise, table_wise): ``f32[M * R, D]`` split into M blocks of R rows on the table
+  axis. A row-wise table is one store padded to ``M * R`` rows; the table-wise tables of a group
+  are *fused* into one store where shard m's block holds the tables placed on m back to back
+  (torchrec's fused tables), so "table t on shard m" is an offset into the fused store;
+* ``columns`` (column_wise): the table, its D columns split on the table axis, ``P(None, ax)``.
+
+Lookup and update reuse `recjax.embeddings.lookup`, `row_gradients` and the sparse optimizer
+on each device's local block: ids not held by the device get pooling weight 0 (their partial
+result is 0 and their row gradient is dropped), and one collective per group recombines the
+partial activations (``psum`` over the table axis; ``psum_scatter`` when the table axis also
+splits the batch; ``all_gather``/``all_to_all`` of the column blocks for column_wise).
+
+The update sees the *global* batch (ids, weights and activation gradients all-gathered over
+the data axis), so every optimizer, including the non-linear ones that merge duplicate ids,
+updates exactly the rows the single-device step updates, with the same summed gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from recjax.embeddings import EmbeddingLayout, TableConfig, lookup, row_gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    """One array of the sharded state.
+
+    Attributes:
+      key: its name in the sharded tables dict (a table name, or ``"{group}/@table_wise"``).
+      kind: replicated | rows | columns.
+      group: activation group the tables feed.
+      rows: R, rows held per device (replicated, columns: V).
+      dim: Dg, the full embedding dim of the group.
+      members: ``(table, base)``: the table's row r is row ``base + r`` of the global store.
+    """
+
+    key: str
+    kind: str
+    group: str
+    rows: int
+    dim: int
+    members: tuple[tuple[TableConfig, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingPlan:
+    """Where every table lives.
+
+    Attributes:
+      stores: the sharded arrays.
+      axis: mesh axis the tables are split over (M = ``n_shards``).
+      n_shards: M.
+      batch_axis: mesh axis the batch is split over.
+      n_batch: size of the batch axis.
+      pooling: sum | mean (from the layout).
+      kinds: table name -> its sharding type (for summary.json).
+    """
+
+    stores: tuple[Store, ...]
+    axis: str
+    n_shards: int
+    batch_axis: str
+    n_batch: int
+    pooling: str
+    kinds: dict
+
+    @property
+    def same_axis(self) -> bool:
+        """The table axis also splits the batch (a 1-D mesh): lookups gather ids first."""
+        return self.axis == self.batch_axis
+
+    def local_dim(self, s: Store) -> int:
+        return s.dim // self.n_shards if s.kind == "columns" else s.dim
+
+
+def _table_wise_bases(tables: list[TableConfig], m: int) -> tuple[int, dict[str, int]]:
+    """Greedy largest-first placement on the least-loaded shard; (R, table -> base row)."""
+    load, placed = [0] * m, {}
+    for t in sorted(tables, key=lambda t: -t.num_embeddings):
+        s = int(np.argmin(load))
+        placed[t.name] = (s, load[s])
+        load[s] += t.num_embeddings
+    r = max(max(load), 1)
+    return r, {name: s * r + off for name, (s, off) in placed.items()}
+
+
+def make_plan(layout: EmbeddingLayout, kinds: dict[str, str], axis: str, n_shards: int,
+              batch_axis: str, n_batch: int, sparse_opt: str) -> EmbeddingPlan:
+    """Stores for `layout` with each table's sharding type from `kinds`.
+
+    Raises:
+      ValueError: column_wise with D not divisible by the table axis, or with an optimizer whose
+        row state couples the columns (rowwise_adagrad).
+    """
+    stores, m = [], n_shards
+    for group, dim in layout.groups:
+        tw = []
+        for t in layout.group_tables(group):
+            kind = kinds[t.name]
+            if kind == "data_parallel":
+                stores.append(Store(t.name, "replicated", group, t.num_embeddings, dim, ((t, 0),)))
+            elif kind == "row_wise":
+                r = -(-t.num_embeddings // m)
+                stores.append(Store(t.name, "rows", group, r, dim, ((t, 0),)))
+            elif kind == "column_wise":
+                if dim % m:
+                    raise ValueError(f"table {t.name}: column_wise needs the embedding dim ({dim}) "
+                                     f"divisible by the table axis ({m}); choose another "
+                                     "--model.embed_dim, mesh or sharding type")
+                if sparse_opt == "rowwise_adagrad":
+                    raise ValueError(f"table {t.name}: column_wise cannot split rowwise_adagrad's "
+                                     "one-per-row accumulator; use row_wise/table_wise or "
+                                     "--sparse.name=adagrad")
+                stores.append(Store(t.name, "columns", group, t.num_embeddings, dim, ((t, 0),)))
+            else:
+                tw.append(t)
+        if tw:
+            r, bases = _table_wise_bases(tw, m)
+            stores.append(Store(f"{group}/@table_wise", "rows", group, r, dim,
+                                tuple((t, bases[t.name]) for t in tw)))
+    pooling = layout.tables[0].pooling
+    return EmbeddingPlan(tuple(stores), axis, m, batch_axis, n_batch, pooling, dict(kinds))
+
+
+# ---- placement: reference tables <-> stores (host side, numpy) --------------------------------
+
+
+def to_stores(plan: EmbeddingPlan, by_table: dict) -> dict:
+    """``table name -> pytree of arrays with leading dim V`` (tables or slots) -> ``key -> store``."""
+    out = {}
+    for s in plan.stores:
+        trees = [jax.tree.map(np.asarray, by_table[t.name]) for t, _ in s.members]
+        if s.kind != "rows":
+            out[s.key] = trees[0]
+            continue
+
+        def fuse(*leaves, s=s):
+            buf = np.zeros((s.rows * plan.n_shards,) + leaves[0].shape[1:], leaves[0].dtype)
+            for (t, base), leaf in zip(s.members, leaves):
+                buf[base:base + t.num_embeddings] = leaf
+            return buf
+
+        out[s.key] = jax.tree.map(fuse, *trees)
+    return out
+
+
+def from_stores(plan: EmbeddingPlan, stores: dict) -> dict:
+    """Inverse of `to_stores`: host numpy trees per reference table name."""
+    out = {}
+    for s in plan.stores:
+        tree = jax.tree.map(np.asarray, stores[s.key])
+        for t, base in s.members:
+            out[t.name] = (tree if s.kind != "rows" else
+                           jax.tree.map(lambda x, t=t, base=base: x[base:base + t.num_embeddings], tree))
+    return out
+
+
+def store_specs(plan: EmbeddingPlan, stores: dict) -> dict:
+    """PartitionSpec of every leaf of `stores` (tables or slot trees)."""
+
+    def spec(s: Store, leaf):
+        if s.kind == "rows":
+            return P(plan.axis)
+        if s.kind == "columns" and np.ndim(leaf) == 2:
+            return P(None, plan.axis)
+        return P()
+
+    return {s.key: jax.tree.map(lambda x, s=s: spec(s, x), stores[s.key]) for s in plan.stores}
+
+
+# ---- inside shard_map ----------------------------------------------------------------------
+
+
+def pool_weights(plan: EmbeddingPlan, ids: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Per-id pooling weights f32[b, F, L]: the mask (1 if None), / count for mean pooling."""
+    w = jnp.ones(ids.shape, jnp.float32) if mask is None else mask.astype(jnp.float32)
+    if plan.pooling == "mean":
+        w = w / jnp.maximum(w.sum(-1, keepdims=True), 1.0)
+    return w
+
+
+def _local(plan: EmbeddingPlan, s: Store, t: TableConfig, base: int, ids, w):
+    """Ids of table t as rows of this device's block of `s`, and weights zeroed where not held."""
+    idx = t.field_index
+    shift = base - jax.lax.axis_index(plan.axis) * s.rows if s.kind == "rows" else base
+    local, ww = ids[:, idx, :] + shift, w[:, idx, :]
+    if s.kind == "rows":
+        ww = ww * ((local >= 0) & (local < s.rows)).astype(ww.dtype)
+    one = TableConfig(s.key, s.rows, plan.local_dim(s), (), tuple(range(len(idx))), "sum")
+    return EmbeddingLayout(((s.group, plan.local_dim(s)),), (one,), len(idx)), local, ww
+
+
+def _assemble(parts: list[tuple[tuple[int, ...], jax.Array]]) -> jax.Array:
+    order = [i for idx, _ in parts for i in idx]
+    stacked = jnp.concatenate([a for _, a in parts], axis=1) if len(parts) > 1 else parts[0][1]
+    return stacked if order == sorted(order) else stacked[:, np.argsort(order), :]
+
+
+def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask) -> dict:
+    """Pooled activations ``group -> f32[b, F, Dg]`` of the local batch (equal to `lookup`)."""
+    w = pool_weights(plan, ids, mask)
+    ax, bx = plan.axis, plan.batch_axis
+    ids_g, w_g = ids, w
+    if plan.same_axis and any(s.kind != "replicated" for s in plan.stores):
+        ids_g = jax.lax.all_gather(ids, bx, axis=0, tiled=True)
+        w_g = jax.lax.all_gather(w, bx, axis=0, tiled=True)
+    acts = {}
+    for group in dict.fromkeys(s.group for s in plan.stores):
+        parts, rows, cols = [], [], []
+        for s in (s for s in plan.stores if s.group == group):
+            for t, base in s.members:
+                on = (ids, w) if s.kind == "replicated" else (ids_g, w_g)
+                layout, local, ww = _local(plan, s, t, base, *on)
+                a = lookup(layout, {s.key: stores[s.key]}, local, ww)[group]
+                {"replicated": parts, "rows": rows, "columns": cols}[s.kind].append((t.field_index, a))
+        if rows:  # partial sums over the row blocks -> the full pooled rows
+            x = jnp.concatenate([a for _, a in rows], axis=1)
+            x = (jax.lax.psum_scatter(x, bx, scatter_dimension=0, tiled=True) if plan.same_axis
+                 else jax.lax.psum(x, ax))
+            parts.append((tuple(i for idx, _ in rows for i in idx), x))
+        if cols:  # column blocks -> full width
+            x = jnp.concatenate([a for _, a in cols], axis=1)
+            x = (jax.lax.all_to_all(x, bx, 0, 2, tiled=True) if plan.same_axis
+                 else jax.lax.all_gather(x, ax, axis=2, tiled=True, to="invarying"))
+            parts.append((tuple(i for idx, _ in cols for i in idx), x))
+        acts[group] = _assemble(parts)
+    return acts
+
+
+def sharded_update(plan: EmbeddingPlan, opt, stores: dict, slots: dict, ids_all: jax.Array,
+                   w_all: jax.Array, g_all: dict, step: jax.Array) -> tuple[dict, dict]:
+    """Apply the global batch's activation gradients to the rows/columns this device holds.
+
+    Args:
+      ids_all, w_all: i32/f32[B, F, L] ids and pooling weights of the whole global batch.
+      g_all: ``group -> f32[B, F, Dg]`` gradient of the global loss w.r.t. the activations.
+    """
+    new_stores, new_slots = {}, {}
+    for s in plan.stores:
+        all_ids, all_g = [], []
+        for t, base in s.members:
+            layout, local, ww = _local(plan, s, t, base, ids_all, w_all)
+            g = g_all[s.group][:, t.field_index, :]
+            if s.kind == "columns":
+                d = plan.local_dim(s)
+                g = jax.lax.dynamic_slice_in_dim(g, jax.lax.axis_index(plan.axis) * d, d, axis=2)
+            rid, rg = row_gradients(layout, {s.group: g}, local, ww)[s.key]
+            all_ids.append(rid)
+            all_g.append(rg)
+        new_stores[s.key], new_slots[s.key] = opt.update(
+            stores[s.key], slots[s.key], jnp.concatenate(all_ids), jnp.concatenate(all_g), step)
+    return new_stores, new_slots

@@ -1,0 +1,114 @@
+"""Sync SPMD on 8 fake CPU devices == the single-device reference step (tests/conftest.py).
+
+Every sharding type (data_parallel, table_wise, row_wise, column_wise), on a 2-D mesh (tables
+on ``model``) and on the 1-D default (tables on ``data``, torchrec style), forward exactly on
+rank-coded tables, and the trajectory over two steps (Adam dense, Adagrad sparse, which merges
+duplicate ids, so a lost or double-counted row gradient fails).
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from algorithms.sync import SyncSetup, SyncStrategy
+from recjax.embeddings import lookup
+from sharding import embedding
+from tests.test_sharding_helpers import (
+    MULTI_HOT,
+    ONE_HOT,
+    assert_states_close,
+    build_spec,
+    random_batch,
+    rank_coded,
+    reference_steps,
+    tiny_cfg,
+)
+
+KINDS = ["data_parallel", "table_wise", "row_wise", "column_wise"]
+# "" = every device on data; data=2,model=4 runs with `make test-all` (slow)
+MESHES = ["data=4,model=2", pytest.param("data=2,model=4", marks=pytest.mark.slow), ""]
+
+
+@functools.lru_cache(maxsize=8)
+def _reference(model_name: str, multi_hot: bool, pooling: str, sparse: str):
+    """(model, tx, sopt, state, batches, reference state after them, reference metrics)."""
+    spec = MULTI_HOT if multi_hot else ONE_HOT
+    cfg = tiny_cfg(model_name, pooling=pooling, sparse=sparse)
+    model, tx, sopt, state = build_spec(cfg, spec)
+    state = jax.tree.map(np.asarray, state)
+    batches = [random_batch(spec, 16, seed=s) for s in (0, 1)]
+    ref, ref_m = reference_steps(model, tx, sopt, state, batches)
+    return model, tx, sopt, state, batches, ref, ref_m
+
+
+def _strategy(model, mesh, rules, spec=ONE_HOT, pooling="sum", sparse="adagrad"):
+    cfg = tiny_cfg(model, mesh=mesh, rules=rules, pooling=pooling, sparse=sparse)
+    setup = SyncSetup.from_config(cfg, 8, spec)
+    m, tx, sopt, state, batches, ref, ref_m = _reference(model, spec is MULTI_HOT, pooling, sparse)
+    return SyncStrategy(setup, m, tx, sopt), (m, tx, sopt), state, batches, ref, ref_m
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_lookup_rank_coded_exact(kind, mesh):
+    """Each sharding type's lookup returns exactly the reference activations (multi-hot, sum)."""
+    rules = f"emb/.*:{kind}" if kind == "column_wise" else f".*:{kind}"  # wide tables have D=1
+    strat, (model, _, _), state, *_ = _strategy("deepfm", mesh, rules, MULTI_HOT, sparse="sgd")
+    state = rank_coded(state)
+    placed = strat.prepare(state)
+    batch = random_batch(MULTI_HOT, 16, seed=3)
+    want = lookup(model.layout, state.tables, batch.ids, batch.mask)
+    plan, mesh_ = strat.plan, strat.mesh
+    specs = strat.specs.tables
+    from jax.sharding import PartitionSpec as P
+
+    from algorithms.sync import batch_specs
+
+    got = jax.jit(jax.shard_map(
+        lambda t, b: embedding.sharded_lookup(plan, t, b.ids, b.mask), mesh=mesh_,
+        in_specs=(specs, batch_specs(True)), out_specs=P("data")))(placed.tables,
+                                                                  strat.put_batch(batch))
+    for g in want:
+        np.testing.assert_array_equal(np.asarray(got[g]), np.asarray(want[g]), err_msg=g)
+
+
+# Each type alone on the 1-D mesh; on the 2-D mesh all four at once run in
+# test_mixed_rules_other_models (one type per 2-D run is slow-only, to keep `make test` short).
+@pytest.mark.parametrize("mesh", [pytest.param("data=4,model=2", marks=pytest.mark.slow), ""])
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_steps_match_single_device(kind, mesh):
+    rules = f"emb/.*:{kind}" if kind == "column_wise" else f".*:{kind}"  # wide tables have D=1
+    strat, (model, tx, sopt), state, batches, ref, ref_m = _strategy("deepfm", mesh, rules)
+    s = strat.prepare(state)
+    for b, rm in zip(batches, ref_m):
+        s, m = strat.train_step(s, strat.put_batch(b))
+        np.testing.assert_allclose(float(m.loss), float(rm.loss), rtol=1e-5)
+        assert float(m.count) == 16
+    assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
+    if mesh:
+        return
+    logits = strat.predict(s.params, s.tables, random_batch(ONE_HOT, 13, seed=9))  # padded
+    from recjax.train.step import predict
+    ref_state = jax.tree.map(np.asarray, ref)
+    want = predict(model, ref_state.params, ref_state.tables, random_batch(ONE_HOT, 13, seed=9))
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["dlrm", pytest.param("dcn", marks=pytest.mark.slow),
+                                   pytest.param("lr", marks=pytest.mark.slow)])
+def test_mixed_rules_other_models(model):
+    """A rule table mixing all four types (first match wins) on a 2-D mesh, multi-hot mean."""
+    rules = "emb/ac:table_wise;emb/b:column_wise;emb/e:data_parallel;wide/b:table_wise;.*:row_wise"
+    if model in ("dlrm", "dcn"):
+        rules = "emb/ac:table_wise;emb/b:column_wise;emb/e:data_parallel;.*:row_wise"
+    if model == "lr":
+        rules = "wide/ac:table_wise;wide/b:data_parallel"
+    strat, _, state, batches, ref, _ = _strategy(model, "data=4,model=2", rules, MULTI_HOT,
+                                                 pooling="mean")
+    s = strat.prepare(state)
+    for b in batches:
+        s, _ = strat.train_step(s, strat.put_batch(b))
+    assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
+    assert strat.summary()["comm_bytes_per_step"] > 0
