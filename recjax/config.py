@@ -153,6 +153,8 @@ class RuntimeConfig:
       return_model: which dense replica is the result: first (paper) | average.
       stragglers: straggler model, e.g. none | lognormal:sigma=0.5 | slow:k=2,factor=4.
       bandwidth_gbps: virtual-clock bandwidth of a PS link.
+      sync_bandwidth_gbps: bandwidth of the dense links (sync PS, all-reduce, async dense PS);
+        0 = bandwidth_gbps.
       example_cost_us: virtual-clock compute time of one training example (before straggling).
       shadow_interval_ms: pause between two syncs of a shadow thread (0 = back to back); it
         stands for the sync's network round trip and leaves CPU to the workers on small hosts.
@@ -174,6 +176,7 @@ class RuntimeConfig:
     return_model: str = "first"
     stragglers: str = "none"
     bandwidth_gbps: float = 10.0
+    sync_bandwidth_gbps: float = 0.0
     example_cost_us: float = 20.0
     shadow_interval_ms: float = 5.0
     profile_batches: int = 20

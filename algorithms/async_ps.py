@@ -1,0 +1,49 @@
+"""Fully asynchronous parameter server (Downpour SGD / Hogwild): the ShadowSync baseline.
+
+Dean et al., "Large Scale Distributed Deep Networks" (NeurIPS 2012), Downpour SGD; Recht et al.,
+Hogwild! (2011). Every worker (``--trainers n --workers-per-trainer m`` gives n*m of them)
+loops: pull the dense params from the dense PS (`ps.DensePS`) and the touched rows from the
+embedding PS, compute gradients, push both; each PS applies every gradient as soon as it
+arrives (dense: the run's optax optimizer; rows: the run's sparse optimizer), so gradients are
+stale by the pushes that landed in between (reported as a staleness histogram). Dense traffic
+(P bytes pulled + P pushed per iteration) crosses the one dense-PS link.
+
+With one worker this is exactly single-process training (`recjax.train.step.train_step`):
+tests/test_async_ps.py checks it.
+
+    python scripts/train.py --algo async --trainers 2 --workers-per-trainer 2
+"""
+
+from __future__ import annotations
+
+from algorithms.clock import RoleSpec, Work
+from algorithms.ps import DensePS
+from algorithms.runtime import Runtime, Worker
+from recjax.config import Config
+
+
+def worker_role(rt: Runtime, worker: Worker, server: DensePS):
+    """Pull, compute, push (the PS applies it at once), `quota` times."""
+    p = rt.dense_bytes
+    for it in range(worker.quota):
+        params, version = server.pull()
+        g_params, pending, work = worker.compute(params, it)
+        yield Work(work.seconds, work.factor, work.transfers + ((rt.dense_link, 2 * p),))
+        worker.push(pending)
+        server.push(g_params, version)
+
+
+def run(cfg: Config) -> dict:
+    """``--algo async``: train, evaluate, return (and write) the summary."""
+    rt = Runtime(cfg)
+    s0 = rt.init_state
+    server = DensePS(s0.params, s0.opt_state, rt.dense_apply)
+    workers = [rt.worker(w) for w in range(rt.num_workers)]
+    roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
+    sched = rt.execute(roles, workers, snapshot=lambda: (server.params, server.opt_state))
+    hist = dict(sorted(server.staleness.items()))
+    n = sum(hist.values())
+    extra = {"staleness_histogram": {str(k): v for k, v in hist.items()},
+             "mean_staleness": sum(k * v for k, v in hist.items()) / max(n, 1),
+             "dense_ps_bytes": 2 * rt.dense_bytes * n}
+    return rt.finish(server.params, server.opt_state, sched, workers, extra)

@@ -1,0 +1,240 @@
+"""Parameter servers of the host-async runtime: sharded embedding PS, sync PS, dense PS.
+
+* `EmbeddingPS`: one copy of every embedding table, placed table-wise on S `EmbeddingShard`\\ s
+  (host numpy arrays, optimizer slots beside the rows). Workers `pull` the rows a batch touches
+  and `push` row gradients; the shard applies the run's sparse optimizer
+  (`recjax.embeddings.SparseOptimizer`, jitted, one call per shard) to the *current* rows and
+  writes them back, without locks (Hogwild: a concurrent push to the same row between the
+  gather and the write can be lost). Only touched rows move (PERF_NOTES 6).
+* Placement (ShadowSync Sec. 3.1): ``mod`` puts table t on shard ``t mod S``; ``binpack``
+  profiles each table's lookup cost on a short warm-up (unique rows per batch x dim x 4 bytes,
+  pulled and pushed: the bytes its shard serves) and packs tables greedily, largest first, on
+  the least-loaded shard (LPT).
+* `SyncPS`: the S-EASGD / FR-EASGD central copy ``wPS`` (one fused jitted exchange per sync).
+* `DensePS`: the async (Downpour) baseline's dense params, applying each pushed gradient at
+  once with the run's optax optimizer, counting staleness.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from recjax.batch import Batch
+from recjax.embeddings import EmbeddingLayout, SparseOptimizer
+
+# table name -> (unique ids padded with V to the table's fixed size, number of real ids)
+Rows = dict[str, tuple[np.ndarray, int]]
+
+
+def localize(layout: EmbeddingLayout, batch: Batch) -> tuple[Batch, Rows]:
+    """Remap a batch's ids to rows of per-batch *mini tables* (the touched rows only).
+
+    For each set of fields sharing a table (``emb/x`` and ``wide/x`` share it too) the unique
+    ids are padded with ``V`` to the fixed size ``B * fields * L`` (jit-friendly), and the batch's
+    ids become indices into them. Returns ``(local batch, rows)``.
+    """
+    local = np.empty_like(batch.ids)
+    rows: Rows = {}
+    done: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
+    for t in layout.tables:
+        idx = t.field_index
+        if idx not in done:
+            ids = batch.ids[:, idx, :]
+            uniq, inv = np.unique(ids, return_inverse=True)
+            local[:, idx, :] = inv.reshape(ids.shape)
+            padded = np.full(ids.size, t.num_embeddings, np.int64)
+            padded[:uniq.size] = uniq
+            done[idx] = (padded, uniq.size)
+        rows[t.name] = done[idx]
+    return batch._replace(ids=local), rows
+
+
+def profile_costs(layout: EmbeddingLayout, batches: Iterable[Batch]) -> dict[str, float]:
+    """Mean bytes a table's shard serves per batch: unique rows x dim x 4 bytes x (pull + push)."""
+    tot = collections.Counter()
+    n = 0
+    for batch in batches:
+        _, rows = localize(layout, batch)
+        for t in layout.tables:
+            tot[t.name] += rows[t.name][1] * t.embedding_dim * 4 * 2
+        n += 1
+    return {t.name: tot[t.name] / max(n, 1) for t in layout.tables}
+
+
+def place(costs: dict[str, float], shards: int, how: str) -> dict[str, int]:
+    """Table -> shard: ``mod`` (table order mod S) or ``binpack`` (LPT on the profiled costs)."""
+    names = list(costs)
+    if how == "mod":
+        return {name: i % shards for i, name in enumerate(names)}
+    if how != "binpack":
+        raise ValueError(f"runtime.placement {how!r} is unknown; use mod or binpack")
+    load = [0.0] * shards
+    out = {}
+    for name in sorted(names, key=lambda n: (-costs[n], names.index(n))):
+        s = min(range(shards), key=lambda k: (load[k], k))
+        out[name] = s
+        load[s] += costs[name]
+    return out
+
+
+def shard_loads(costs: dict[str, float], placement: dict[str, int], shards: int) -> list[float]:
+    load = [0.0] * shards
+    for name, s in placement.items():
+        load[s] += costs[name]
+    return load
+
+
+def _take(a: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    return a.take(ids, axis=0, mode="clip")
+
+
+class EmbeddingShard:
+    """One embedding PS: some tables and their sparse-optimizer slots, as host numpy arrays.
+
+    Args:
+      index: shard number.
+      tables: ``name -> f32[V, D]`` (owned by the shard from now on).
+      slots: ``name -> slots pytree`` (arrays with leading dim V, or ``()``).
+      opt: the run's sparse optimizer.
+    """
+
+    def __init__(self, index: int, tables: dict[str, np.ndarray], slots: dict[str, Any],
+                 opt: SparseOptimizer):
+        self.index = index
+        self.tables = {k: np.array(v, np.float32) for k, v in tables.items()}
+        self.slots = {k: jax.tree.map(np.array, v) for k, v in slots.items()}
+        self.step = 0
+
+        def apply(tabs, slots, grads, step):
+            out = {k: opt.update(tabs[k], slots[k], *grads[k], step) for k in tabs}
+            return {k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()}
+
+        self._apply = jax.jit(apply)
+
+    def pull(self, rows: Rows) -> dict[str, np.ndarray]:
+        """The mini tables ``name -> f32[n, D]`` (rows past the real ids are filler)."""
+        return {k: _take(self.tables[k], rows[k][0]) for k in self.tables}
+
+    def push(self, rows: Rows, grads: dict[str, tuple[Any, Any]]) -> None:
+        """Apply ``grads[name] = (local ids, row grads)`` to the current rows (Hogwild)."""
+        tabs = self.pull(rows)
+        slots = {k: jax.tree.map(lambda a, k=k: _take(a, rows[k][0]), self.slots[k])
+                 for k in self.tables}
+        new_t, new_s = self._apply(tabs, slots, {k: grads[k] for k in self.tables},
+                                   np.int32(self.step))
+        self.step += 1
+        for k in self.tables:
+            ids, n = rows[k]
+            ids = ids[:n]
+            self.tables[k][ids] = np.asarray(new_t[k])[:n]
+            jax.tree.map(lambda dst, src, ids=ids, n=n: dst.__setitem__(ids, np.asarray(src)[:n]),
+                         self.slots[k], new_s[k])
+
+    def warm(self, rows: Rows, grads: dict) -> None:
+        """Compile the jitted update without changing anything."""
+        tabs = self.pull(rows)
+        slots = {k: jax.tree.map(lambda a, k=k: _take(a, rows[k][0]), self.slots[k])
+                 for k in self.tables}
+        jax.block_until_ready(self._apply(tabs, slots, {k: grads[k] for k in self.tables},
+                                          np.int32(0)))
+
+
+class EmbeddingPS:
+    """S embedding shards with a table -> shard placement.
+
+    Args:
+      layout: the embedding layout (table dims).
+      tables, slots: initial tables and slots of every table.
+      opt: sparse optimizer applied by the shards.
+      placement: table name -> shard index.
+      shards: S.
+    """
+
+    def __init__(self, layout: EmbeddingLayout, tables: dict, slots: dict, opt: SparseOptimizer,
+                 placement: dict[str, int], shards: int):
+        self.layout, self.placement, self.num_shards = layout, placement, shards
+        self.shards = [EmbeddingShard(s, {k: np.asarray(v) for k, v in tables.items()
+                                          if placement[k] == s},
+                                      {k: v for k, v in slots.items() if placement[k] == s}, opt)
+                       for s in range(shards)]
+        self._dim = {t.name: t.embedding_dim for t in layout.tables}
+
+    def pull(self, rows: Rows) -> dict[str, np.ndarray]:
+        out = {}
+        for shard in self.shards:
+            out.update(shard.pull(rows))
+        return out
+
+    def push(self, rows: Rows, grads: dict) -> None:
+        for shard in self.shards:
+            if shard.tables:
+                shard.push(rows, grads)
+
+    def warm(self, rows: Rows, grads: dict) -> None:
+        for shard in self.shards:
+            if shard.tables:
+                shard.warm(rows, grads)
+
+    def shard_bytes(self, rows: Rows) -> list[int]:
+        """Bytes each shard serves for one batch (rows pulled + row gradients pushed)."""
+        out = [0] * self.num_shards
+        for name, (_, n) in rows.items():
+            out[self.placement[name]] += 2 * n * self._dim[name] * 4
+        return out
+
+    def tables(self) -> dict[str, np.ndarray]:
+        """Every table (copies; a fuzzy snapshot while workers run)."""
+        return {t.name: self.shards[self.placement[t.name]].tables[t.name].copy()
+                for t in self.layout.tables}
+
+    def slots(self) -> dict[str, Any]:
+        return {t.name: jax.tree.map(np.copy, self.shards[self.placement[t.name]].slots[t.name])
+                for t in self.layout.tables}
+
+
+class SyncPS:
+    """The sync parameter server of S-EASGD / FR-EASGD: holds ``wPS``.
+
+    Args:
+      params: initial ``wPS`` (the initial dense params).
+      exchange: the jitted S-EASGD exchange ``(wPS, w_i) -> (wPS', w_i')``.
+    """
+
+    def __init__(self, params: Any, exchange):
+        self.w = params
+        self._exchange = exchange
+        self._lock = threading.Lock()  # the server applies one request at a time
+
+    def exchange(self, replica) -> None:
+        with self._lock:
+            self.w, replica.params = self._exchange(self.w, replica.params)
+
+
+class DensePS:
+    """The async (Downpour) PS of the dense params: applies every pushed gradient at once.
+
+    Args:
+      params, opt_state: initial dense params and optax state.
+      apply: jitted ``(params, opt_state, grads) -> (params, opt_state)``.
+    """
+
+    def __init__(self, params: Any, opt_state: Any, apply):
+        self.params, self.opt_state, self.version = params, opt_state, 0
+        self._apply = apply
+        self._lock = threading.Lock()
+        self.staleness: collections.Counter = collections.Counter()
+
+    def pull(self) -> tuple[Any, int]:
+        return self.params, self.version
+
+    def push(self, grads: Any, version: int) -> None:
+        with self._lock:
+            self.params, self.opt_state = self._apply(self.params, self.opt_state, grads)
+            self.staleness[self.version - version] += 1
+            self.version += 1

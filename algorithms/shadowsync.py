@@ -1,0 +1,153 @@
+"""ShadowSync (S-EASGD, S-MA, S-BMUF) and its foreground baselines (FR-EASGD, FR-MA, FR-BMUF).
+
+Zheng et al., arXiv 2003.03477, Algorithms 1-4 and Sec. 3-4. n trainers x m Hogwild worker
+threads; the embeddings live once on the sharded embedding PS (``ps.EmbeddingPS``); each trainer
+has a dense replica ``w_i`` (`runtime.Replica`) shared lock-free by its workers.
+
+* ``--algo shadow`` (Alg. 1): one background *shadow* role per trainer loops the sync rule with
+  no knowledge of training (``sync_rules``: S-EASGD through a `ps.SyncPS`, S-MA / S-BMUF through
+  an all-reduce among the shadow roles), pausing ``runtime.shadow_interval_ms`` between syncs.
+* ``--algo fr``: no shadow; every worker syncs its trainer's replica itself after every
+  ``k = runtime.sync_gap`` of its iterations (worker j of every trainer all-reduce together).
+
+The returned model is trainer 1's replica (the paper) or, with ``runtime.return_model=average``,
+the replicas' average. Reported: average sync gap (Sec. 4.1.1: iterations/sec over syncs/sec,
+per trainer), syncs/sec, bytes moved by syncs and by the embedding PS.
+
+    python scripts/train.py --algo shadow --sync easgd --trainers 4 --workers-per-trainer 3
+    python scripts/train.py --algo fr --sync ma --sync-gap 10 --deterministic
+"""
+
+from __future__ import annotations
+
+from algorithms import sync_rules
+from algorithms.clock import Collective, Rendezvous, RoleSpec, Work
+from algorithms.ps import SyncPS
+from algorithms.runtime import Counters, Replica, Runtime, Worker
+from recjax.config import Config
+
+
+def make_rule(cfg: Config) -> sync_rules.SyncRule:
+    rc = cfg.runtime
+    return sync_rules.SyncRule(rc.sync, rc.alpha, rc.bmuf_lr, rc.bmuf_momentum, rc.nesterov)
+
+
+class Syncer:
+    """One party's sync of one replica: the code shadow roles and FR workers share.
+
+    `step` is a generator: ``yield from syncer.step()`` performs one sync (its communication is
+    a `Work` over the sync PS link, or a `Collective`) and updates the replica.
+    """
+
+    def __init__(self, rt: Runtime, rule: sync_rules.SyncRule, replica: Replica, index: int,
+                 server: SyncPS | None, group: Rendezvous | None, counters: Counters):
+        self.rt, self.rule, self.replica, self.index = rt, rule, replica, index
+        self.server, self.group, self.counters = server, group, counters
+        self.bmuf = sync_rules.bmuf_init(replica.params) if rule.collective else None
+
+    def step(self):
+        p = self.rt.dense_bytes
+        if self.rule.name == "easgd":  # send w_i, receive wPS: 2P bytes on the shared PS link
+            yield Work(transfers=((self.rt.dense_link, 2 * p),))
+            self.server.exchange(self.replica)
+            self.counters.sync_bytes += 2 * p
+        else:  # ring all-reduce: 2 (n-1)/n P bytes per party over its own link
+            n = self.group.n
+            nbytes = int(2 * (n - 1) / n * p)
+            mean = yield Collective(self.group, self.index, self.replica.params,
+                                    nbytes / self.rt.bandwidth)
+            self.bmuf, self.replica.params = self.rule.local(self.bmuf, mean, self.replica.params)
+            self.counters.sync_bytes += nbytes
+        self.counters.syncs += 1
+
+
+def shadow_role(syncer: Syncer, pause: float):
+    """Alg. 1's background thread: sync, pause, forever (until training ends)."""
+    try:
+        while True:
+            yield from syncer.step()
+            yield Work(pause=pause)
+    finally:
+        if syncer.group is not None:
+            syncer.group.close()
+
+
+def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | None, k: int):
+    """A Hogwild worker thread; with a `syncer` it syncs every `k` of its iterations (FR)."""
+    try:
+        for it in range(worker.quota):
+            g_params, pending, work = worker.compute(replica.params, it)
+            yield work
+            worker.push(pending)
+            replica.apply(rt.dense_apply, g_params)
+            if syncer is not None and (it + 1) % k == 0:
+                yield from syncer.step()
+    finally:
+        if syncer is not None and syncer.group is not None:
+            syncer.group.close()  # peers waiting on this worker are released
+
+
+def run(cfg: Config) -> dict:
+    """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
+    rule = make_rule(cfg)
+    rc = cfg.runtime
+    if rc.return_model not in ("first", "average"):
+        raise ValueError(f"runtime.return_model must be first or average, got {rc.return_model!r}")
+    foreground = cfg.train.algo == "fr"
+    if foreground and rc.sync_gap < 1:
+        raise ValueError(f"--sync-gap must be >= 1, got {rc.sync_gap}")
+    rt = Runtime(cfg)
+    n, m = rc.trainers, rc.workers_per_trainer
+    s0 = rt.init_state
+    replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
+    server = SyncPS(s0.params, rule.exchange) if rule.name == "easgd" else None
+    if rule.collective:  # compile before threads start
+        rule.local(sync_rules.bmuf_init(s0.params), s0.params, s0.params)
+        rule.mean([s0.params] * n)
+    elif server is not None:
+        rule.exchange(s0.params, s0.params)
+
+    def group():
+        return Rendezvous(n, rule.mean) if rule.collective else None
+
+    workers = [rt.worker(w) for w in range(n * m)]
+    sync_counters = [Counters() for _ in range(n)]
+    roles = []
+    fr_groups = [group() for _ in range(m)]  # FR: worker j of every trainer all-reduce together
+    for i in range(n):
+        for j in range(m):
+            w = workers[i * m + j]
+            syncer = None
+            if foreground and rule.name != "none":
+                syncer = Syncer(rt, rule, replicas[i], i, server, fr_groups[j], w.counters)
+            roles.append(RoleSpec(f"t{i}-worker{j}", worker_role(rt, w, replicas[i], syncer,
+                                                                 rc.sync_gap)))
+    if not foreground and rule.name != "none":
+        shadow_group = group()
+        for i in range(n):
+            syncer = Syncer(rt, rule, replicas[i], i, server, shadow_group, sync_counters[i])
+            roles.append(RoleSpec(f"t{i}-shadow", shadow_role(syncer, rc.shadow_interval_ms * 1e-3),
+                                  foreground=False))
+
+    def result():
+        if rc.return_model == "first":
+            return replicas[0].params, replicas[0].opt_state
+        return sync_rules.tree_mean([r.params for r in replicas]), replicas[0].opt_state
+
+    sched = rt.execute(roles, workers, snapshot=result)
+    counters = sync_counters + [w.counters for w in workers]
+    syncs = sum(c.syncs for c in counters)
+    iters = sum(w.counters.iterations for w in workers)
+    secs = max(sched.seconds, 1e-12)
+    extra = {
+        "sync_rule": rule.name, "alpha": rule.alpha, "sync_mode": "fr" if foreground else "shadow",
+        "sync_gap_k": rc.sync_gap if foreground else None,
+        "syncs": syncs, "syncs_per_sec": syncs / n / secs,
+        "iterations_per_sec": iters / n / secs,
+        # Sec. 4.1.1: average sync gap = (iterations/sec) / (syncs/sec), per trainer.
+        "avg_sync_gap": (iters / syncs) if syncs else None,
+        "sync_bytes": sum(c.sync_bytes for c in counters),
+        "return_model": rc.return_model,
+    }
+    params, opt_state = result()
+    return rt.finish(params, opt_state, sched, workers, extra)

@@ -1,0 +1,189 @@
+"""The runtime's machinery: thread group, both interpreters, stragglers, clean shutdown."""
+
+import _thread
+import threading
+import time
+import traceback
+
+import pytest
+
+from algorithms import shadowsync, stragglers
+from algorithms.clock import Collective, Link, Rendezvous, RoleSpec, Work, run_threaded, run_virtual
+from algorithms.ps import EmbeddingShard
+from algorithms.runtime import Worker
+from recjax.checkpoint import Checkpointer
+from recjax.concurrency import ThreadGroup
+from tests.runtime_util import small_cfg
+
+
+def runtime_threads():
+    return [t for t in threading.enumerate()
+            if t.name.startswith(("recjax-rt", "recjax-prefetch-w", "recjax-test"))]
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    yield
+    deadline = time.monotonic() + 2.0
+    while runtime_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runtime_threads() == []
+
+
+def test_thread_group_reraises_with_traceback():
+    def bad(stop):
+        raise KeyError("boom in a worker")
+
+    def good(stop):
+        stop.wait(30)
+
+    g = ThreadGroup("recjax-test")
+    g.spawn(good, g.stop, name="good")
+    g.spawn(bad, g.stop, name="bad")
+    t0 = time.monotonic()
+    with pytest.raises(KeyError, match="boom") as e:
+        g.wait()
+    assert "bad" in [f.name for f in traceback.extract_tb(e.value.__traceback__)]
+    assert g.close() == [] and time.monotonic() - t0 < 2.0
+
+
+def toy_worker(log, name, n, cost, group=None, index=0):
+    try:
+        for i in range(n):
+            log.append((name, i))
+            yield Work(cost)
+            if group is not None:
+                got = yield Collective(group, index, index + 1)
+                log.append((name, "sum", got))
+    finally:
+        if group is not None:
+            group.close()  # as the real roles do: peers waiting on a departed party are released
+
+
+def bad_role():
+    yield Work()
+    raise ValueError("role failed")
+
+
+def test_virtual_clock_orders_events_and_links_queue():
+    log = []
+    roles = [RoleSpec("a", toy_worker(log, "a", 3, 2.0)), RoleSpec("b", toy_worker(log, "b", 3, 3.0))]
+    sched = run_virtual(roles)
+    # a at 0, 2, 4; b at 0, 3, 6: ties go to the lower index
+    assert [x for x in log] == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert sched.seconds == 9.0
+    link = Link("ps", bandwidth=100.0)
+    assert link.virtual(0.0, 100) == 1.0 and link.virtual(0.5, 100) == 2.0  # queued behind
+    assert link.virtual(5.0, 50) == 5.5 and link.bytes == 250
+
+
+@pytest.mark.parametrize("virtual", [True, False])
+def test_collective_reduces_in_party_order(virtual):
+    log = []
+    g = Rendezvous(3, lambda vs: tuple(vs))
+    roles = [RoleSpec(f"w{i}", toy_worker(log, f"w{i}", 4, 0.001 * (3 - i), g, i)) for i in range(3)]
+    if virtual:
+        run_virtual(roles)
+    else:
+        run_threaded(roles, ThreadGroup("recjax-rt"), emulate_links=False)
+    sums = [x[2] for x in log if x[1] == "sum"]
+    assert len(sums) == 12 and set(sums) == {(1, 2, 3)}
+
+
+def shadow(log, pause, group=None):
+    while True:
+        if group is not None:
+            yield Collective(group, 0, 0)
+        log.append("sync")
+        yield Work(pause=pause)
+
+
+def test_100_start_stop_cycles_no_hang_no_leak():
+    before = threading.active_count()
+    t0 = time.monotonic()
+    for cycle in range(100):
+        log = []
+        g = Rendezvous(2, sum)
+        roles = [RoleSpec("w0", toy_worker(log, "w0", 3, 0.0, g, 0)),
+                 RoleSpec("w1", toy_worker(log, "w1", 3 + cycle % 2, 0.0, g, 1)),  # a peer leaves
+                 RoleSpec("shadow", shadow(log, 0.001), foreground=False)]
+        if cycle % 3 == 2:  # a role fails mid-run
+            roles.append(RoleSpec("bad", bad_role()))
+        try:
+            run_threaded(roles, ThreadGroup("recjax-rt"), emulate_links=False)
+        except ValueError:
+            assert cycle % 3 == 2
+        assert runtime_threads() == []
+    assert threading.active_count() == before
+    assert time.monotonic() - t0 < 30
+
+
+def test_stragglers_are_seeded_and_parsed():
+    m = stragglers.parse("lognormal:sigma=0.5+slow:k=1,factor=4", 4, seed=0)
+    f = [[m.factor(w, i) for i in range(50)] for w in range(4)]
+    assert f == [[m.factor(w, i) for i in range(50)] for w in range(4)]
+    other = stragglers.parse("lognormal:sigma=0.5+slow:k=1,factor=4", 4, seed=1)
+    assert f != [[other.factor(w, i) for i in range(50)] for w in range(4)]
+    shift = stragglers.parse("shift:k=1,factor=3,period=10", 4, seed=0)
+    slow = [[w for w in range(4) if shift.factor(w, i) == 3.0] for i in range(0, 100, 10)]
+    assert all(len(s) == 1 for s in slow) and len({s[0] for s in slow}) > 1  # time-varying
+    assert stragglers.parse("none", 2, 0).factor(1, 5) == 1.0
+    for bad in ("gamma:k=1", "slow:q=1", "slow:k=x"):
+        with pytest.raises(ValueError, match="stragglers"):
+            stragglers.parse(bad, 2, 0)
+
+
+def fail_on(monkeypatch, cls, method, after, exc):
+    orig, calls, when = getattr(cls, method), [0], {}
+
+    def patched(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == after:
+            when["t"] = time.monotonic()
+            raise exc
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(cls, method, patched)
+    return when
+
+
+@pytest.mark.parametrize("algo", ["shadow", "fr"])
+def test_worker_exception_ends_run_within_5s(monkeypatch, algo):
+    cfg = small_cfg(algo, steps=4000, sync="ma", sync_gap=2, trainers=2, workers_per_trainer=2,
+                    train={"deterministic": False})
+    when = fail_on(monkeypatch, Worker, "push", 30, RuntimeError("worker 3 lost its GPU"))
+    with pytest.raises(RuntimeError, match="lost its GPU") as e:
+        shadowsync.run(cfg)
+    assert time.monotonic() - when["t"] < 5.0
+    assert "patched" in [f.name for f in traceback.extract_tb(e.value.__traceback__)]
+
+
+def test_failing_ps_shard_stops_run_and_keeps_checkpoint(monkeypatch, tmp_path):
+    kw = dict(sync="easgd", trainers=2, workers_per_trainer=1)
+    first = shadowsync.run(small_cfg("shadow", steps=8, train={"out": str(tmp_path)}, **kw))
+    when = fail_on(monkeypatch, EmbeddingShard, "push", 10, OSError("shard 1 unreachable"))
+    cfg = small_cfg("shadow", steps=4000, train={"out": str(tmp_path), "deterministic": False}, **kw)
+    with pytest.raises(OSError, match="unreachable"):
+        shadowsync.run(cfg)
+    assert time.monotonic() - when["t"] < 5.0
+    state, _ = Checkpointer(str(tmp_path / "checkpoints")).restore(first["final_state"])
+    assert int(state.step) == 8
+
+
+def test_ctrl_c_stops_threads_and_checkpoints(monkeypatch, tmp_path):
+    orig, calls = Worker.push, [0]
+
+    def push(self, pending):
+        calls[0] += 1
+        if calls[0] == 20:
+            _thread.interrupt_main()  # what Ctrl-C does
+        return orig(self, pending)
+
+    monkeypatch.setattr(Worker, "push", push)
+    cfg = small_cfg("shadow", steps=4000, sync="easgd", trainers=2, workers_per_trainer=2,
+                    train={"out": str(tmp_path), "deterministic": False})
+    with pytest.raises(KeyboardInterrupt):
+        shadowsync.run(cfg)
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    assert ck.latest_step() >= 20
+    ck.close()
