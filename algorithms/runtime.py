@@ -298,7 +298,7 @@ class Runtime:
             "batch_size": tc.batch_size, "wall_seconds": time.perf_counter() - self.t0,
             "clock": unit, "train_seconds": sched.seconds,
             "examples_per_sec": examples / max(sched.seconds, 1e-12),
-            "train_ne": loop._ne(totals) if totals["count"] else float("nan"),
+            "train_ne": loop.ne_from_sums(totals) if totals["count"] else float("nan"),
             "eval_auc": ev["auc"], "eval_logloss": ev["logloss"], "eval_ne": ev["ne"],
             "eval_calibration": ev["calibration"], "eval_examples": ev["examples"],
             "trainers": cfg.runtime.trainers, "workers_per_trainer": cfg.runtime.workers_per_trainer,
@@ -319,5 +319,5 @@ class Runtime:
             w.close()
             write_json_atomic(os.path.join(tc.out, "summary.json"), summary)
             if preds is not None:
-                loop._write_predictions(os.path.join(tc.out, "predictions.csv"), preds)
+                loop.write_predictions(os.path.join(tc.out, "predictions.csv"), preds)
         return summary | {"final_state": state, "schedule": sched}

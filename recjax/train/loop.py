@@ -124,7 +124,8 @@ def _sum_metrics(ms: list[StepMetrics]) -> dict:
     return s
 
 
-def _ne(s: dict) -> float:
+def ne_from_sums(s: dict) -> float:
+    """NE (ShadowSync Eq. 2) from StepMetrics sums: mean log loss / entropy of the mean label."""
     ctr = s["label_sum"] / max(s["count"], 1.0)
     h = metrics.binary_entropy(ctr)
     return s["logloss_sum"] / max(s["count"], 1.0) / h if h > 0 else float("nan")
@@ -247,12 +248,13 @@ def run(cfg: Config, make_strategy=None) -> dict:
                 rate = (step - log_from) * tc.batch_size / max(now - t_log, 1e-9)
                 if s is not None:
                     progress.add(s)
-                    bar.set_postfix(loss=f"{s['loss']:.4f}", ne=f"{_ne(progress.totals):.4f}",
+                    bar.set_postfix(loss=f"{s['loss']:.4f}", ne=f"{ne_from_sums(progress.totals):.4f}",
                                     ex_s=f"{rate:,.0f}", refresh=False)
                     writer.write({"kind": "train", "step": step,
                                   "epoch": (step - 1) // steps_per_epoch,
                                   "examples": step * tc.batch_size, "loss": s["loss"],
-                                  "train_ne_window": _ne(s), "train_ne": _ne(progress.totals),
+                                  "train_ne_window": ne_from_sums(s),
+                                  "train_ne": ne_from_sums(progress.totals),
                                   "examples_per_sec": rate, "wall": progress.wall_seconds + now - t0})
                 bar.update(step - bar.n)
                 window, t_log, log_from = [], time.perf_counter(), step
@@ -305,7 +307,7 @@ def run(cfg: Config, make_strategy=None) -> dict:
         "wall_seconds": progress.wall_seconds + time.perf_counter() - t0,
         "train_seconds": train_seconds,
         "examples_per_sec": timed * tc.batch_size / train_seconds if train_seconds > 0 else None,
-        "train_ne": _ne(progress.totals) if progress.totals["count"] else None,
+        "train_ne": ne_from_sums(progress.totals) if progress.totals["count"] else None,
         "train_examples_scored": progress.totals["count"],
         "train_loss_last": float(jax.device_get(m.loss)) if step > start_step else None,
         "eval_auc": ev["auc"], "eval_auc_error_bound": ev["auc_error_bound"],
@@ -331,14 +333,15 @@ def run(cfg: Config, make_strategy=None) -> dict:
     if tc.out:
         write_json_atomic(os.path.join(tc.out, "summary.json"), summary)
         if preds is not None:
-            _write_predictions(os.path.join(tc.out, "predictions.csv"), preds)
+            write_predictions(os.path.join(tc.out, "predictions.csv"), preds)
     if ckpt:
         ckpt.close()
     writer.close()
     return summary | {"final_state": state}
 
 
-def _write_predictions(path: str, preds: np.ndarray) -> None:
+def write_predictions(path: str, preds: np.ndarray) -> None:
+    """predictions.csv: `label,prob` rows in eval input order, written to a temp file then renamed."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write("label,prob\n")
