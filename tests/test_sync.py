@@ -112,3 +112,15 @@ def test_mixed_rules_other_models(model):
         s, _ = strat.train_step(s, strat.put_batch(b))
     assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
     assert strat.summary()["comm_bytes_per_step"] > 0
+
+
+def test_microbatched_step_inside_shard_map():
+    """train.microbatches > 1 under shard_map (scan carry typed per mesh axis) == reference."""
+    import dataclasses
+
+    strat, (model, tx, sopt), state, batches, ref, _ = _strategy("dlrm", "", ".*:row_wise")
+    strat = SyncStrategy(strat.setup, dataclasses.replace(model, microbatches=2), tx, sopt)
+    s = strat.prepare(state)
+    for b in batches:
+        s, _ = strat.train_step(s, strat.put_batch(b))
+    assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)

@@ -115,10 +115,15 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
         (part, logits), (gp, ga) = grad_fn(params, *xs)
         return (loss + part, jax.tree.map(jnp.add, g_params, gp)), (logits, ga)
 
-    zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
     xs = (jax.tree.map(split, acts), split(batch.dense), split(batch.label))
-    (loss, g_params), (logits, g_acts) = jax.lax.scan(body, zero, xs)
-    return (loss, unsplit(logits)), (g_params, jax.tree.map(unsplit, g_acts))
+    # The first slice is peeled off the scan so the carry starts as a real gradient: inside
+    # shard_map a zeros carry would be typed as unvarying over the mesh axes, the gradients as
+    # varying, and scan requires one type for both.
+    (loss, logits0), (g_params, g_acts0) = grad_fn(params, *jax.tree.map(lambda x: x[0], xs))
+    (loss, g_params), (logits, g_acts) = jax.lax.scan(
+        body, (loss, g_params), jax.tree.map(lambda x: x[1:], xs))
+    join = lambda first, rest: unsplit(jnp.concatenate([first[None], rest]))
+    return (loss, join(logits0, logits)), (g_params, jax.tree.map(join, g_acts0, g_acts))
 
 
 def apply_dense(tx: optax.GradientTransformation, params, opt_state, g_params):
