@@ -8,6 +8,8 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
    on pre-staged device batches vs recjax fed by its real input pipeline (synthetic Criteo-shaped
    stream -> batching -> prefetch thread -> device_put).
 2. Every model at two batch sizes (recjax, pre-staged batches).
+   With torch installed, the PyTorch eager and torch.compile peers of PERF_NOTES are
+   measured in the same run (scripts/bench_torch.py).
 3. If present, the SPMD (scripts/bench_spmd.py) and host-async runtime (scripts/bench_runtime.py)
    benchmarks.
 """
@@ -34,7 +36,7 @@ from recjax.data.synthetic import SyntheticSource  # noqa: E402
 from recjax.models.config import MODEL_NAMES  # noqa: E402
 from recjax.train.setup import build  # noqa: E402
 from recjax.train.step import jit_train_step  # noqa: E402
-from scripts import bench_dlrm  # noqa: E402
+from scripts import bench_dlrm, bench_torch  # noqa: E402
 
 
 def _stream(src, batch_size):
@@ -99,7 +101,7 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int) -> dict:
     return rates, cpu_eq
 
 
-def headline(repeats: int, steps: int) -> list[dict]:
+def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     b = cfg.train.batch_size
     src = SyntheticSource(cfg.synthetic)
@@ -112,6 +114,12 @@ def headline(repeats: int, steps: int) -> list[dict]:
         "recjax, real input pipeline": _recjax_runner(with_mb(8), src, staged, pipeline=True),
         "recjax, staged, microbatches=1": _recjax_runner(with_mb(1), src, staged, pipeline=False),
     }
+    if peers and bench_torch.available():
+        mc = cfg.model
+        args = (cfg.synthetic.cardinalities, cfg.synthetic.n_dense, mc.embed_dim, mc.bottom_mlp,
+                mc.top_mlp, cfg.sparse.lr, staged)
+        runners["PyTorch eager peer (EmbeddingBag sparse=True)"] = bench_torch.make_runner(*args)
+        runners["torch.compile peer"] = bench_torch.make_runner(*args, compiled=True)
     rates, cpu_eq = interleaved(runners, steps, b, repeats)
     ref = np.median(rates["plain-JAX reference"])
     staged_med = np.median(rates["recjax, staged batches"])
@@ -154,6 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
     p.add_argument("--sections", default="headline,models,spmd,runtime")
+    p.add_argument("--no-peers", action="store_true",
+                   help="skip the PyTorch peers (measured only when torch is installed)")
     p.add_argument("--out", default="bench_results/bench.json")
     args = p.parse_args(argv)
     steps = args.steps or (4 if args.quick else 12)
@@ -165,7 +175,7 @@ def main(argv=None) -> int:
     rows = []
     if "headline" in sections:
         print("DLRM, Criteo-Kaggle shape (26 tables x0.5, D=16, B=4096, SGD):")
-        rows += headline(args.repeats, steps)
+        rows += headline(args.repeats, steps, peers=not args.no_peers)
         for r in rows:
             print(f"  {r['name']:32s} {r['median']:10,.0f} ex/s  x{r['ratio_to_reference']:.2f} of "
                   f"reference  {r['ratio_to_staged']:.2f} of staged  {r['gflops']:.0f} GFLOP/s  "
@@ -180,6 +190,7 @@ def main(argv=None) -> int:
             got = getattr(mod, f"bench_{section}")(args.repeats, args.quick)
             for r in got:
                 r.setdefault("section", section)
+                r.setdefault("median", r.get("examples_per_sec_median", float("nan")))
                 print(f"  {r['name']:40s} {r.get('median', float('nan')):10,.0f} ex/s  "
                       + " ".join(f"{k}={v:.3g}" for k, v in r.items() if k.startswith("ratio")))
             rows += got
