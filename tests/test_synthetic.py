@@ -56,12 +56,7 @@ def test_bayes_predictor_beats_perturbed_predictors():
     src = SyntheticSource(cfg, "eval")
     best = src.bayes_optimal()
     assert 0.5 < best["ne"] < 1.0 and best["auc"] > 0.6
-    labels, probs = [], []
-    for index, start in enumerate(range(0, src.num_rows, src.CHUNK)):
-        chunk, p = src._generate(index, min(src.CHUNK, src.num_rows - start))
-        labels.append(chunk.label)
-        probs.append(p)
-    y, p = np.concatenate(labels), np.concatenate(probs)
+    y, p = src.labels_and_bayes_probs()
     logit = np.log(p / (1 - p))
     assert normalized_entropy(y, p) == pytest.approx(best["ne"])
     for scale, shift in [(1.2, 0.0), (0.8, 0.0), (1.0, 0.2)]:

@@ -191,23 +191,27 @@ class SyntheticSource:
         row = np.arange(index * self.CHUNK, index * self.CHUNK + n, dtype=np.int64)
         return Chunk(dense, ids[:, :, None], None, label, row), p
 
+    def _stream(self) -> Iterator[tuple[Chunk, np.ndarray]]:
+        """(chunk, Bayes-optimal probabilities of its examples), in order."""
+        for index, start in enumerate(range(0, self.num_rows, self.CHUNK)):
+            yield self._generate(index, min(self.CHUNK, self.num_rows - start))
+
     def chunks(self) -> Iterator[Chunk]:
         self.stats = ReadStats()
-        for index, start in enumerate(range(0, self.num_rows, self.CHUNK)):
-            chunk, _ = self._generate(index, min(self.CHUNK, self.num_rows - start))
+        for chunk, _ in self._stream():
             self.stats.rows += chunk.size
             yield chunk
+
+    def labels_and_bayes_probs(self) -> tuple[np.ndarray, np.ndarray]:
+        """Labels of this split and the Bayes-optimal p*(x) of each example, in stream order."""
+        pairs = list(self._stream())
+        return (np.concatenate([c.label for c, _ in pairs]), np.concatenate([p for _, p in pairs]))
 
     def bayes_optimal(self) -> dict:
         """Metrics of the Bayes-optimal predictor p* on this split's examples."""
         from recjax.metrics import auc, logloss, normalized_entropy
 
-        labels, probs = [], []
-        for index, start in enumerate(range(0, self.num_rows, self.CHUNK)):
-            chunk, p = self._generate(index, min(self.CHUNK, self.num_rows - start))
-            labels.append(chunk.label)
-            probs.append(p)
-        y, p = np.concatenate(labels), np.concatenate(probs)
+        y, p = self.labels_and_bayes_probs()
         return {"ne": float(normalized_entropy(y, p)), "logloss": float(logloss(y, p)),
                 "auc": float(auc(y, p))}
 
