@@ -150,14 +150,22 @@ class Runtime:
             for _ in self.data.train.chunks():
                 pass
         self.model, self.tx, self.sparse_opt, state = build(cfg, self.data.spec)
-        if tc.resume:  # dense and tables resume; each worker's data shard restarts at epoch 0
+        if tc.resume:
             ck = self._checkpointer()
             state, _ = ck.restore(state)
             ck.close()
         self.init_state = state
         self.num_workers = rc.trainers * rc.workers_per_trainer
         total = tc.steps or tc.epochs * (self.data.train_rows // tc.batch_size)
-        self.quota = total // self.num_workers
+        start = int(state.step)
+        if tc.resume and start >= total:
+            raise ValueError(f"the checkpoint is at step {start}, which already reaches the "
+                             f"requested {total} steps; raise --steps (or --epochs) to go on")
+        # A resumed run trains the remaining steps, each worker continuing its own data shard
+        # where it stopped: exact after a completed segment (equal quotas); after a Ctrl-C,
+        # workers resume at their average position.
+        self.skip = start // self.num_workers
+        self.quota = (total - start) // self.num_workers
         if self.quota < 1:
             raise ValueError(f"{total} steps cannot feed {self.num_workers} workers; "
                              "raise --steps or lower --trainers / --workers-per-trainer")
@@ -208,15 +216,18 @@ class Runtime:
         cfg, layout = self.cfg, self.model.layout
 
         def gen():
-            n, epoch = 0, 0
+            n, seen, epoch = 0, 0, 0
             while True:
                 got = False
                 for batch, _ in batches(self.data.train, cfg.train.batch_size, seed=cfg.train.seed,
                                         epoch=epoch, shuffle_buffer=self._shuffle,
                                         drop_remainder=True, worker=wid,
                                         num_workers=self.num_workers, keep=self.data.keep_train):
+                    got, seen = True, seen + 1
+                    if seen <= self.skip:  # consumed before the checkpoint this run resumes
+                        continue
                     yield batch
-                    n, got = n + 1, True
+                    n += 1
                     if n >= quota:
                         return
                 if not got:
@@ -291,10 +302,12 @@ class Runtime:
         ev, preds = loop.evaluate(cfg, self.data, jit_predict(self.model), params, state.tables)
         shard = np.sum([w.counters.shard_bytes for w in workers], axis=0).tolist()
         unit = "virtual" if tc.deterministic else "wall"
-        examples = steps * tc.batch_size
+        examples = steps * tc.batch_size  # of this segment (a resumed run adds to the earlier)
         summary = {
             "algorithm": tc.algo, "model": cfg.model.name, "dataset": cfg.data.train,
-            "eval_dataset": self.data.eval_desc, "examples": examples, "steps": steps,
+            "eval_dataset": self.data.eval_desc, "examples": int(state.step) * tc.batch_size,
+            "steps": int(state.step),
+            "resumed_from_step": int(self.init_state.step) if tc.resume else None,
             "batch_size": tc.batch_size, "wall_seconds": time.perf_counter() - self.t0,
             "clock": unit, "train_seconds": sched.seconds,
             "examples_per_sec": examples / max(sched.seconds, 1e-12),

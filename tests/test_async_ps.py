@@ -35,3 +35,22 @@ def test_many_workers_report_staleness():
     hist = {int(k): v for k, v in s["staleness_histogram"].items()}
     assert sum(hist.values()) == 24 and max(hist) >= 1  # 4 workers: gradients are stale
     assert np.isfinite(s["eval_ne"]) and s["embedding_bytes"] > 0
+
+
+def test_resume_continues_each_workers_data(tmp_path):
+    """Stop after 6 of 12 steps, resume: the same parameters as 12 steps in one go.
+
+    One worker makes async PS a sequential SGD, so the two trajectories must agree; a resumed
+    run that restarted its data shard (or ran the full quota again) would not.
+    """
+    straight = async_ps.run(small_cfg("async", steps=12, trainers=1, workers_per_trainer=1))
+    out = {"out": str(tmp_path)}
+    async_ps.run(small_cfg("async", steps=6, trainers=1, workers_per_trainer=1, train=out))
+    resumed = async_ps.run(small_cfg("async", steps=12, trainers=1, workers_per_trainer=1,
+                                     train={**out, "resume": True}))
+    assert resumed["steps"] == 12 and resumed["resumed_from_step"] == 6
+    assert_trees(resumed["final_state"].params, straight["final_state"].params, rtol=1e-6, atol=1e-8)
+    assert_trees(resumed["final_state"].tables, straight["final_state"].tables, rtol=1e-6, atol=1e-8)
+    with pytest.raises(ValueError, match="already reaches"):
+        async_ps.run(small_cfg("async", steps=12, trainers=1, workers_per_trainer=1,
+                               train={**out, "resume": True}))
