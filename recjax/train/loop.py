@@ -32,7 +32,7 @@ from recjax.metrics.logloss import sigmoid
 from recjax.runlog import MetricsWriter, write_json_atomic
 from recjax.train.data import RunData, open_data
 from recjax.train.setup import build, count_params
-from recjax.train.step import StepMetrics, jit_predict, jit_train_step
+from recjax.train.step import StepMetrics, TrainState, jit_predict, jit_train_step
 
 
 class Strategy(Protocol):
@@ -56,6 +56,11 @@ class Strategy(Protocol):
 
     def predict(self, params: Any, tables: dict, batch: Batch) -> jax.Array: ...
 
+    def unshard(self, state: Any) -> TrainState:
+        """The state in the single-device layout: what checkpoints hold, so that any algorithm
+        can resume (or start from) any other's checkpoint."""
+        ...
+
     def summary(self) -> dict:
         """The algorithm's own counters for summary.json (e.g. comm_bytes_per_step)."""
         ...
@@ -75,6 +80,9 @@ class SingleDevice:
 
     def put_batch(self, batch: Batch):
         return jax.device_put(batch)
+
+    def unshard(self, state):
+        return state
 
     def summary(self) -> dict:
         return {}
@@ -140,10 +148,16 @@ RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume",
                      "data.eval", "data.holdout", "data.split_seed"}
 
 
+# Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
+# single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
+HANDOVER_SECTIONS = ("spmd", "runtime")
+RESUMABLE_CHANGES |= {"train.algo", "train.devices", "train.deterministic"}
+
+
 def check_resumable(saved: dict, now: dict) -> None:
     """Refuse to resume a checkpoint under a config that would change its trajectory."""
     diffs = [f"{sec}.{k}: checkpoint {saved[sec].get(k)!r}, now {v!r}"
-             for sec, fields in now.items() if sec in saved
+             for sec, fields in now.items() if sec in saved and sec not in HANDOVER_SECTIONS
              for k, v in fields.items()
              if f"{sec}.{k}" not in RESUMABLE_CHANGES and saved[sec].get(k) != v]
     if diffs:
@@ -226,8 +240,8 @@ def run(cfg: Config, make_strategy=None) -> dict:
             window = []
         progress.train_seconds = train_seconds_before + (t - t_first - paused if t_first else 0.0)
         progress.timed_steps = timed_before + (at - first_step if t_first else 0)
-        ckpt.save(at, state, {"config": cfg.to_dict(),
-                              "progress": progress.as_dict(t - t0)})
+        ckpt.save(at, strategy.unshard(state), {"config": cfg.to_dict(),
+                                                "progress": progress.as_dict(t - t0)})
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
@@ -315,7 +329,7 @@ def run(cfg: Config, make_strategy=None) -> dict:
         "eval_examples": ev["examples"], "eval_ctr": ev["ctr"],
         "train_examples_per_epoch": data.train_rows,
         "data_stats": {"train": data.train.stats.as_dict(), "eval": data.eval.stats.as_dict()},
-        **count_params(state),
+        **count_params(strategy.unshard(state)),
         **strategy.summary(),
         "resumed_from_step": start_step if tc.resume else None,
         "warnings": warnings,
