@@ -30,9 +30,9 @@ from recjax.data.readers import (
     Problems,
     TextSource,
     check_text,
+    distinct_times,
     parse_ints,
     parse_label,
-    show,
 )
 from recjax.features import FeatureSpec, FieldSpec
 
@@ -51,23 +51,19 @@ def avazu_spec(hash_buckets: int) -> FeatureSpec:
     return FeatureSpec(dense_names=(), fields=fields)
 
 
+def _yymmddhh(value: int) -> datetime.datetime:
+    if not 0 <= value < 10**8:
+        raise ValueError(value)
+    yy, mm, dd, hh = value // 10**6, value // 10**4 % 100, value // 100 % 100, value % 100
+    return datetime.datetime(2000 + yy, mm, dd, hh)  # ValueError for a bad date or hour
+
+
 def parse_yymmddhh(tokens: Sequence[bytes], field: str, bad: Problems
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(hour of day, weekday) of ``YYMMDDHH`` tokens; calendar checks run once per distinct hour."""
     values = parse_ints(tokens, field, bad, allow_missing=False)
-    uniq, inverse = np.unique(values, return_inverse=True)
-    hour_u, weekday_u, ok_u = (np.zeros(len(uniq), dtype) for dtype in (np.int32, np.int32, bool))
-    for u, value in enumerate(uniq.tolist()):
-        yy, mm, dd, hh = value // 10**6, value // 10**4 % 100, value // 100 % 100, value % 100
-        try:
-            if 0 <= value < 10**8 and hh < 24:
-                weekday_u[u], hour_u[u], ok_u[u] = datetime.date(2000 + yy, mm, dd).weekday(), hh, 1
-        except ValueError:  # no such date
-            pass
-    for i in np.flatnonzero(~ok_u[inverse]):
-        bad.add(i, field, f"bad hour: got {show(tokens[i])}, expected YYMMDDHH "
-                          "(e.g. 14102100 = 2014-10-21 00:00)")
-    return hour_u[inverse], weekday_u[inverse]
+    return distinct_times(values, tokens, field, bad, _yymmddhh,
+                        "YYMMDDHH (e.g. 14102100 = 2014-10-21 00:00)")
 
 
 class AvazuSource(TextSource):

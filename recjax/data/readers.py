@@ -355,3 +355,27 @@ class TextSource:
             return self.columns[got], f"field count: expected {n} {sep}-separated fields, got {got}"
         return self.columns[-1], (f"field count: expected {n} {sep}-separated fields, got {got} "
                                   f"(extra fields after {self.columns[-1]!r})")
+
+
+def distinct_times(keys: np.ndarray, tokens: Sequence[bytes], field: str, bad: Problems,
+                 to_datetime, expected: str) -> tuple[np.ndarray, np.ndarray]:
+    """(hour of day, weekday) of time stamps, converted once per distinct key.
+
+    Args:
+      keys: one hashable key per line (the parsed value or the raw token).
+      tokens: the raw tokens, for error messages.
+      to_datetime: key -> ``datetime.datetime``; raises ValueError (or UnicodeDecodeError) for a
+        bad value, which is recorded in `bad` for every line that has it.
+      expected: what a good value looks like, for the message.
+    """
+    uniq, inverse = np.unique(np.asarray(keys, dtype=object), return_inverse=True)
+    hour_u, weekday_u, ok_u = (np.zeros(len(uniq), dtype) for dtype in (np.int32, np.int32, bool))
+    for u, key in enumerate(uniq):
+        try:
+            when = to_datetime(key)
+        except (UnicodeDecodeError, ValueError):
+            continue
+        hour_u[u], weekday_u[u], ok_u[u] = when.hour, when.weekday(), True
+    for i in np.flatnonzero(~ok_u[inverse]):
+        bad.add(i, field, f"bad {field}: got {show(tokens[i])}, expected {expected}")
+    return hour_u[inverse], weekday_u[inverse]

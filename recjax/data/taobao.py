@@ -35,6 +35,7 @@ from recjax.data.readers import (
     Problems,
     TextSource,
     check_text,
+    distinct_times,
     log1p_counts,
     parse_floats,
     parse_label,
@@ -62,17 +63,8 @@ def taobao_spec(hash_buckets: int, max_len: int) -> FeatureSpec:
 def parse_datetime(tokens: Sequence[bytes], field: str, bad: Problems
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(hour of day, weekday) of ``YYYY-MM-DD HH:MM:SS`` tokens, parsed once per distinct value."""
-    uniq, inverse = np.unique(np.array(tokens, dtype=object), return_inverse=True)
-    hour_u, weekday_u, ok_u = (np.zeros(len(uniq), dtype) for dtype in (np.int32, np.int32, bool))
-    for u, token in enumerate(uniq):
-        try:
-            when = datetime.datetime.strptime(token.decode("ascii"), "%Y-%m-%d %H:%M:%S")
-        except (UnicodeDecodeError, ValueError):
-            continue
-        hour_u[u], weekday_u[u], ok_u[u] = when.hour, when.weekday(), True
-    for i in np.flatnonzero(~ok_u[inverse]):
-        bad.add(i, field, f"bad time: got {show(tokens[i])}, expected YYYY-MM-DD HH:MM:SS")
-    return hour_u[inverse], weekday_u[inverse]
+    return distinct_times(tokens, tokens, field, bad, lambda t: datetime.datetime.strptime(
+        t.decode("ascii"), "%Y-%m-%d %H:%M:%S"), "YYYY-MM-DD HH:MM:SS")
 
 
 class TaobaoSource(TextSource):
