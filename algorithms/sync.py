@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 from recjax.batch import Batch
 from recjax.config import Config
 from recjax.data.sources import open_source
-from recjax.data.synthetic import SyntheticSource
+from recjax.data.synthetic import SyntheticSource, synthetic_name
 from recjax.features import FeatureSpec
 from recjax.runlog import write_json_atomic
 from recjax.train import loop
@@ -42,7 +42,7 @@ AXES = ("data", "model")
 
 def feature_spec(cfg: Config) -> FeatureSpec:
     """The training data's schema, without reading the data (for checks before any compile)."""
-    if cfg.data.train == "synthetic" or cfg.data.train.startswith("synthetic:"):
+    if synthetic_name(cfg.data.train) is not None:
         return SyntheticSource(cfg.synthetic).spec
     return open_source(cfg.data.train, hash_buckets=cfg.data.hash_buckets,
                        multi_hot_len=cfg.data.multi_hot_len).spec

@@ -7,7 +7,7 @@ import dataclasses
 
 from recjax import configs
 from recjax.config import Config, ConfigError, apply_overrides, help_text
-from recjax.data.synthetic import preset
+from recjax.data.synthetic import preset, synthetic_name
 
 # Fixed flag -> config key (users, docs and checks rely on these names).
 FLAGS = {
@@ -90,8 +90,8 @@ def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
             pairs.append((key, "true"))
     if args.no_progress:
         pairs.append(("train.progress", "false"))
-    if args.data and (args.data == "synthetic" or args.data.startswith("synthetic:")):
-        name = args.data.partition(":")[2] or "default"
+    name = synthetic_name(args.data) if args.data else None
+    if name is not None:  # the spec picks the preset; --synthetic.* overrides apply on top
         cfg = dataclasses.replace(cfg, synthetic=preset(name))
     return apply_overrides(cfg, pairs + _overrides(rest))
 

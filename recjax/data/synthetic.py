@@ -95,6 +95,14 @@ PRESETS: dict[str, SyntheticConfig] = {
 }
 
 
+def synthetic_name(spec: str) -> str | None:
+    """The preset a data spec names: "default" for ``synthetic``, NAME for ``synthetic:NAME``,
+    None for every other kind of data."""
+    if spec == "synthetic":
+        return "default"
+    return spec.partition(":")[2] if spec.startswith("synthetic:") else None
+
+
 def preset(name: str) -> SyntheticConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown synthetic data {name!r}; presets: {sorted(PRESETS)}")

@@ -12,7 +12,7 @@ from recjax.data.base import DataSource
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import cached, holdout_split
 from recjax.data.sources import open_source
-from recjax.data.synthetic import SyntheticSource
+from recjax.data.synthetic import SyntheticSource, synthetic_name
 from recjax.features import FeatureSpec
 
 Keep = Callable[[np.ndarray], np.ndarray] | None
@@ -47,15 +47,8 @@ def _count(source: DataSource, keep: Keep) -> int:
     return n
 
 
-def _synthetic_name(spec: str) -> str | None:
-    """"default" for ``synthetic``, NAME for ``synthetic:NAME``, None for other kinds."""
-    if spec == "synthetic":
-        return "default"
-    return spec.partition(":")[2] if spec.startswith("synthetic:") else None
-
-
 def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
-    name = _synthetic_name(spec)
+    name = synthetic_name(spec)
     if name is not None:
         if name != cfg.synthetic.name:
             # The preset is chosen by the spec; the `synthetic` section holds its (overridable)
