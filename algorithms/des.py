@@ -8,12 +8,14 @@ holds its fields' embedding rows and their slices of the weights-rich operators
 same examples (only its own fields' ids: the host sends each shard its slots). One step:
 
     acts          = lookup(local slots)                        no communication
-    loss, g, g_a  = loss_and_grads(DesForward, params, acts)   one psum of the partial results
+    loss, g, g_a  = loss_and_grads(DesForward, params, acts)   one reduce-scatter of the partial
+                                                               results; upper layers on b/N rows
     params        = apply_dense(tx, params, g / n_data)        split leaves: no all-reduce
     tables        = sparse update of the local rows            no communication
 
-With a data axis > 1 the replicated and split weights are all-reduced over ``data`` only, as in
-sync mode. Equal to the single-device step to float rounding (tests/test_des.py).
+The replicated weights above the substituted layers are trained by each field shard on its
+own rows, so their gradients are all-reduced over ``field`` (and ``data``); the split weights
+over ``data`` only, as in sync mode. Equal to the single-device step to float rounding (tests/test_des.py).
 """
 
 from __future__ import annotations

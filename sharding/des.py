@@ -12,9 +12,14 @@ the slices of the weights-rich operators that multiply those fields:
 * DCN cross layer:              ``x0 * psum(x_local . w_local) + b + x``, the columns of
   ``cross_w``/``cross_b`` (and the rows of ``out.kernel``) of the local fields.
 
-All partial results of one stage go through a single ``psum`` (they are concatenated), so a
-DeepFM step runs one all-reduce of ``[b, 1 + D + 1 + H1]`` floats forward and none backward
-for the split weights (the transpose of ``psum`` inside `shard_map` is a broadcast). The dense
+All partial results of one stage go through a single collective (they are concatenated). When
+the batch splits evenly over the N field shards it is a ``psum_scatter`` over the batch: shard k
+gets the complete sums of examples ``[k b/N, (k+1) b/N)`` and runs the upper network on those
+rows only (data parallel above the substituted layer, as in the paper), and the ``[b]`` logits
+are all-gathered at the end. A DeepFM step then moves one reduce-scatter of
+``[b, 1 + D + 1 + H1]`` floats and one gather of ``b`` logits forward, their transposes backward,
+and nothing else for the split weights. Otherwise it is a ``psum`` and every shard runs the
+upper network on the whole batch. The dense
 features' rows of these weights and the rest of the network are replicated and synchronised
 as in sync mode.
 
@@ -241,10 +246,35 @@ def map_param_like(fn, tree, treedef, other=lambda x: x):
 # ---- the substituted forward passes (inside shard_map over "field") -------------------------
 
 
-def _psum_parts(parts: list[jax.Array]) -> list[jax.Array]:
-    """One all-reduce for all partial results ``[b, w_i]`` of a stage."""
-    total = jax.lax.psum(jnp.concatenate(parts, axis=1), AXIS)
-    return jnp.split(total, np.cumsum([p.shape[1] for p in parts])[:-1], axis=1)
+class _Rows:
+    """Where a stage's summed partial results go: every shard (``psum``), or, when the batch
+    splits evenly over the field axis, each shard its own slice of the examples (``psum_scatter``:
+    half an all-reduce's bytes, and the layers above run on ``b / N`` rows instead of all ``b``
+    on every shard, the paper's data-parallel upper network). The logits are all-gathered at the
+    end, so the caller sees the full batch either way."""
+
+    def __init__(self, b: int):
+        n = jax.lax.axis_size(AXIS)
+        self.split = n > 1 and b % n == 0
+        self.size = b // n if self.split else b
+
+    def sum(self, parts: list[jax.Array]) -> list[jax.Array]:
+        """One collective for all partial results ``[b, w_i]`` of a stage."""
+        x = jnp.concatenate(parts, axis=1)
+        total = (jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True) if self.split
+                 else jax.lax.psum(x, AXIS))
+        return jnp.split(total, np.cumsum([p.shape[1] for p in parts])[:-1], axis=1)
+
+    def mine(self, x: jax.Array) -> jax.Array:
+        """This shard's rows of a field-replicated ``[b, ...]`` array (dense features)."""
+        if not self.split:
+            return x
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(AXIS) * self.size, self.size)
+
+    def full(self, logits: jax.Array) -> jax.Array:
+        if not self.split:
+            return logits
+        return jax.lax.all_gather(logits, AXIS, axis=0, tiled=True, to="invarying")
 
 
 def _dense_linear(params, dense):
@@ -289,14 +319,16 @@ class DesForward:
 
     def logits(self, params, acts: dict, dense: jax.Array) -> jax.Array:
         b = dense.shape[0]
+        rows = _Rows(b)
         if self.model == "dcn":
-            return self._dcn(params, acts["emb"].reshape(b, -1), dense)
+            return rows.full(self._dcn(params, acts["emb"].reshape(b, -1), dense, rows))
         parts = [first_order(acts["wide"])[:, None]]  # Eq. 2-3
         if self.model in ("fm", "deepfm"):
             parts += _fm_partials(acts["emb"])
         if self.model in ("wide_deep", "deepfm"):  # Eq. 7-9: V_i^T W_i
             parts.append(acts["emb"].reshape(b, -1) @ params["deep"]["layer_0"]["kernel"]["fields"])
-        summed = _psum_parts(parts)
+        summed = rows.sum(parts)
+        dense = rows.mine(dense)
         logit = summed[0][:, 0] + _dense_linear(params, dense)
         if self.model in ("lr", "fm"):
             logit = logit + params["bias"]
@@ -307,10 +339,11 @@ class DesForward:
             l0 = deep["layer_0"]
             h = summed[-1] + dense @ l0["kernel"]["rest"] + l0["bias"]
             logit = logit + _mlp_after_first(deep, len(deep), True, h)[:, 0]
-        return logit
+        return rows.full(logit)
 
-    def _dcn(self, params, x0_f, x0_d):
-        """Cross layers on (local field columns, replicated dense columns), then deep + out."""
+    def _dcn(self, params, x0_f, x0_d, rows: _Rows):
+        """Cross layers on (local field columns, replicated dense columns) for the whole batch
+        (a ``[b]`` psum per layer), then out + deep on this shard's rows."""
         w, bias = params["cross_w"], params["cross_b"]
         x_f, x_d = x0_f, x0_d
         for layer in range(w["fields"].shape[0]):
@@ -322,8 +355,9 @@ class DesForward:
         parts = [x_f @ out["kernel"]["fields"]]
         if "deep" in params:
             parts.append(x0_f @ params["deep"]["layer_0"]["kernel"]["fields"])
-        summed = _psum_parts(parts)
+        summed = rows.sum(parts)
         n_d = x0_d.shape[1]
+        x_d, x0_d = rows.mine(x_d), rows.mine(x0_d)
         logit = summed[0] + x_d @ out["kernel"]["rest"][:n_d] + out["bias"]
         if "deep" in params:
             deep, l0 = params["deep"], params["deep"]["layer_0"]

@@ -42,9 +42,11 @@ def _placement(seed: int, n: int) -> str:
     return ",".join(map(str, s))
 
 
-@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed,b", [(0, 8), (2, 6), pytest.param(1, 8, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("model_name", MODELS)
-def test_substitution_forward_and_grads(model_name, seed):
+def test_substitution_forward_and_grads(model_name, seed, b):
+    """b = 8 splits over the 4 field shards (reduce-scatter, upper layers on b / 4 rows each);
+    b = 6 does not (all-reduce, every shard the whole batch)."""
     n = 4
     placement = _placement(seed, n)
     cfg = tiny_cfg(model_name, placement=placement)
@@ -53,7 +55,6 @@ def test_substitution_forward_and_grads(model_name, seed):
     dl = setup.layout
     rng = np.random.default_rng(seed + 10)
     params = jax.tree.map(lambda x: 0.5 * rng.normal(size=x.shape).astype(np.float32), state.params)
-    b = 8
     acts = {g: rng.normal(size=(b, ONE_HOT.n_fields, d)).astype(np.float32) for g, d in
             model.layout.groups}
     dense = rng.normal(size=(b, ONE_HOT.n_dense)).astype(np.float32)

@@ -1,0 +1,194 @@
+"""DLRM training throughput on one accelerator, at several batch sizes: `python scripts/bench_gpu.py`.
+
+    python scripts/bench_gpu.py --batch-sizes 4096,16384,65536 --repeats 7 --steps 20
+
+The headline section of scripts/bench.py (DLRM, Criteo-Kaggle shape: 26 tables x0.5, D=16,
+SGD, fp32, `--config dlrm_kaggle`) at the batch sizes given, on whatever device JAX uses by
+default (a GPU when one is there). Per batch size, in one process, interleaved repeat by repeat:
+
+* the plain-JAX reference (scripts/bench_dlrm.py), the denominator of every ratio;
+* recjax's step on pre-staged device batches, ``train.microbatches=1`` (the GPU setting) and
+  ``train.microbatches=8`` (the config's CPU-tuned default);
+* recjax's step fed by its real input pipeline (synthetic Criteo-shaped stream -> batching ->
+  prefetch thread -> device_put), microbatches=1;
+* the input pipeline alone (the same prefetcher consumed with no train step): the host's
+  ceiling for the previous row;
+* PyTorch eager and torch.compile peers on the same device (scripts/bench_torch_gpu.py), when
+  torch is installed (and sees a GPU, if JAX runs on one).
+
+Each repeat runs 4 untimed steps first (this drains the prefetch queue, which fills up while the
+other variants run and would otherwise hand the pipeline variant 4 free batches), then times
+`--steps` steps, ending with a device sync. Reported: the median over `--repeats` of examples/sec
+and its ratio to the in-run plain-JAX reference. JSON goes to `--out`.
+"""
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # leave room for the torch peers
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from recjax import configs  # noqa: E402
+from recjax.concurrency import Prefetcher  # noqa: E402
+from recjax.data.pipeline import batches  # noqa: E402
+from recjax.data.synthetic import SyntheticSource  # noqa: E402
+from scripts import bench_dlrm, bench_torch, bench_torch_gpu  # noqa: E402
+from scripts.bench import _recjax_runner, _reference_runner, _stream  # noqa: E402
+
+REF = "plain-JAX reference"
+DRAIN = 4  # untimed steps before each timed repeat (= the prefetch depth)
+
+
+def _pipeline_only_runner(src, batch_size):
+    feed = Prefetcher(_stream(src, batch_size), depth=4, transform=jax.device_put)
+
+    def run(n):
+        x = None
+        for _ in range(n):
+            x = next(feed)
+        jax.block_until_ready(x)
+
+    return run, feed.close
+
+
+def _torch_device():
+    if jax.default_backend() == "cpu":
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def interleaved(runners: dict, steps: int, batch: int, repeats: int):
+    """Warm up each runner, then per repeat: DRAIN untimed + `steps` timed steps of each."""
+    compile_s = {}
+    for k, (run, _) in list(runners.items()):
+        t0 = time.perf_counter()
+        try:
+            run(2)
+        except Exception:
+            print(f"  {k}: failed in warm-up, dropped:\n{traceback.format_exc()}", flush=True)
+            runners.pop(k)[1]()
+            continue
+        compile_s[k] = time.perf_counter() - t0
+    rates = {k: [] for k in runners}
+    cpu_ms = {k: [] for k in runners}
+    for _ in range(repeats):
+        for k, (run, _) in runners.items():
+            run(DRAIN)
+            t0, c0 = time.perf_counter(), time.process_time()
+            run(steps)
+            dt = time.perf_counter() - t0
+            rates[k].append(steps * batch / dt)
+            cpu_ms[k].append((time.process_time() - c0) / steps * 1e3)
+    for _, close in runners.values():
+        close()
+    return rates, cpu_ms, compile_s
+
+
+def one_batch_size(b: int, repeats: int, steps: int, peers: bool) -> list[dict]:
+    cfg = configs.dlrm_kaggle()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=b))
+    src = SyntheticSource(cfg.synthetic)
+    staged = [jax.device_put(x) for x, _ in itertools.islice(
+        batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
+    with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
+    makers = {
+        REF: lambda: _reference_runner(cfg, staged),
+        "recjax, staged batches (microbatches=1)": lambda: _recjax_runner(
+            with_mb(1), src, staged, pipeline=False),
+        "recjax, real input pipeline (microbatches=1)": lambda: _recjax_runner(
+            with_mb(1), src, staged, pipeline=True),
+        "recjax, staged, microbatches=8 (CPU default)": lambda: _recjax_runner(
+            with_mb(8), src, staged, pipeline=False),
+        "input pipeline alone (no train step)": lambda: _pipeline_only_runner(src, b),
+    }
+    tdev = _torch_device() if peers and bench_torch.available() else None
+    if tdev:
+        mc = cfg.model
+        args = (cfg.synthetic.cardinalities, cfg.synthetic.n_dense, mc.embed_dim, mc.bottom_mlp,
+                mc.top_mlp, cfg.sparse.lr, staged)
+        makers[f"PyTorch eager peer ({tdev})"] = lambda: bench_torch_gpu.make_runner(
+            *args, device=tdev)
+        makers[f"torch.compile peer ({tdev})"] = lambda: bench_torch_gpu.make_runner(
+            *args, compiled=True, device=tdev)
+    elif peers:
+        print("  torch peers skipped: torch missing or sees no GPU", flush=True)
+    runners = {}
+    for k, make in makers.items():
+        try:
+            runners[k] = make()
+        except Exception:
+            print(f"  {k}: failed to build, dropped:\n{traceback.format_exc()}", flush=True)
+    rates, cpu_ms, compile_s = interleaved(runners, steps, b, repeats)
+    ref = float(np.median(rates[REF])) if REF in rates else float("nan")
+    mc = cfg.model
+    flops = bench_dlrm.flops_per_example(cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities),
+                                         mc.embed_dim, mc.bottom_mlp, mc.top_mlp)
+    rows = []
+    for k, v in rates.items():
+        med = float(np.median(v))
+        rows.append({"section": "dlrm_kaggle_gpu", "name": k, "batch_size": b, "median": med,
+                     "examples_per_sec": v, "ratio_to_reference": med / ref,
+                     "ms_per_step": b / med * 1e3, "gflops": med * flops / 1e9,
+                     "host_cpu_ms_per_step": float(np.median(cpu_ms[k])),
+                     "warmup_s": compile_s[k], "repeats": repeats, "steps_per_repeat": steps})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", default="4096,16384,65536")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")
+    p.add_argument("--out", default="bench_results/bench_gpu.json")
+    args = p.parse_args(argv)
+    hw = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "jax": jax.__version__}
+    if bench_torch.available():
+        import torch
+
+        hw["torch"] = torch.__version__
+    print(f"hardware: {hw}", flush=True)
+    rows = []
+    for b in (int(x) for x in args.batch_sizes.split(",")):
+        print(f"DLRM, Criteo-Kaggle shape (26 tables x0.5, D=16, SGD), B={b}:", flush=True)
+        t0 = time.perf_counter()
+        try:
+            got = one_batch_size(b, args.repeats, args.steps, peers=not args.no_peers)
+        except Exception:
+            print(f"  B={b} failed:\n{traceback.format_exc()}", flush=True)
+            got = []
+        for r in got:
+            print(f"  {r['name']:46s} {r['median']:12,.0f} ex/s  x{r['ratio_to_reference']:.2f} "
+                  f"of reference  {r['ms_per_step']:7.2f} ms/step  host CPU "
+                  f"{r['host_cpu_ms_per_step']:6.1f} ms/step  warm-up {r['warmup_s']:.1f} s  "
+                  f"[{' '.join(f'{x / 1e3:.0f}K' for x in r['examples_per_sec'])}]", flush=True)
+        print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        rows += got
+        gc.collect()
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"hardware": hw, "rows": rows}, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

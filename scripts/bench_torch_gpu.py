@@ -1,0 +1,74 @@
+"""The PyTorch DLRM peers of scripts/bench_torch.py, on a chosen device (CUDA for the GPU bench).
+
+`scripts/bench_torch.py` builds its model on the CPU with 2 threads (the dev VMs); this is the
+same model and step (``EmbeddingBag(sparse=True)``, BCE-with-logits, SGD on dense and sparse
+parameters), with the model and the staged batches moved to `device`, and ``run(n)``
+synchronising the device before it returns so that wall-clock timing counts the work.
+Used by scripts/bench_gpu.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, compiled=False,
+                device: str = "cuda"):
+    """``(run(n), close)`` for `scripts.bench.interleaved`; `staged` holds recjax Batches."""
+    import torch
+    from torch import nn
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    n_vec = len(cards) + 1
+    li, lj = np.triu_indices(n_vec, k=1)
+    li, lj = torch.as_tensor(li, device=dev), torch.as_tensor(lj, device=dev)
+
+    def mlp(sizes, last_linear):
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if not (last_linear and i == len(sizes) - 2):
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+
+    class DLRM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.ModuleList()
+            for c in cards:
+                e = nn.EmbeddingBag(c, dim, mode="sum", sparse=True)
+                nn.init.uniform_(e.weight, -1 / np.sqrt(c), 1 / np.sqrt(c))
+                self.emb.append(e)
+            self.bot = mlp([n_dense, *bottom, dim], last_linear=False)
+            self.top = mlp([dim + n_vec * (n_vec - 1) // 2, *top, 1], last_linear=True)
+
+        def forward(self, dense, ids):
+            bo = self.bot(dense)
+            t = torch.stack([bo] + [e(ids[:, f:f + 1]) for f, e in enumerate(self.emb)], dim=1)
+            z = torch.bmm(t, t.transpose(1, 2))[:, li, lj]
+            return self.top(torch.cat([bo, z], dim=1)).squeeze(1)
+
+    model = DLRM().to(dev)
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith("emb.")]
+    opt_dense = torch.optim.SGD(dense_params, lr=lr)
+    opt_sparse = torch.optim.SGD(model.emb.parameters(), lr=lr)
+    loss_fn = nn.BCEWithLogitsLoss()
+    forward = torch.compile(model, dynamic=False) if compiled else model
+    data = [(torch.from_numpy(np.asarray(b.dense)).to(dev),
+             torch.from_numpy(np.asarray(b.ids)[:, :, 0]).long().to(dev),
+             torch.from_numpy(np.asarray(b.label)).to(dev)) for b in staged]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def run(n):
+        for i in range(n):
+            dense, ids, label = data[i % len(data)]
+            opt_dense.zero_grad(set_to_none=True)
+            opt_sparse.zero_grad(set_to_none=True)
+            loss = loss_fn(forward(dense, ids), label)
+            loss.backward()
+            opt_dense.step()
+            opt_sparse.step()
+        sync()
+
+    return run, lambda: None
