@@ -8,12 +8,15 @@ table (`sharding.rules`) on the ``model`` axis, or, on a 1-D mesh (no ``--mesh``
 ``data``), on the data axis itself, torchrec style. One step is the single-device
 `recjax.train.step.train_step` with its pieces rearranged (maxtext's "wrap the local step"):
 
-    acts             = sharded_lookup(tables, ids)                   psum over the table axis
-    loss, g_p, g_a   = loss_and_grads(model, params, acts, batch)    local batch; g_p all-reduced
-    params           = apply_dense(tx, params, g_p / n_data)         replicated, identical
+    acts             = sharded_lookup(tables, ids)                   reduce-scatter, table axis
+    loss, g_p, g_a   = loss_and_grads(model, params, acts, batch)    own rows; g_p all-reduced
+    params           = apply_dense(tx, params, g_p / n)              replicated, identical
     tables           = sharded_update(tables, all_gather(ids, g_a))  each device its own rows
 
-so the trajectory equals the single-device one on the same global batch (tests/test_sync.py).
+On a 2-D mesh the lookup hands each ``model`` shard its own half (quarter, ...) of the data
+shard's examples (`embedding.split_rows`), so no two devices run the dense network on the same
+rows; n is then the number of devices, else the size of ``data``. The trajectory equals the
+single-device one on the same global batch (tests/test_sync.py).
 `run_spmd` is shared with DES: runtime set-up, multi-process output, final-state dump.
 """
 
@@ -54,8 +57,8 @@ def batch_specs(mask: bool, ids_spec: P | None = None) -> Batch:
     return Batch(P("data"), ids_spec, ids_spec if mask else None, P("data"))
 
 
-def global_metrics(m: StepMetrics, data_axis: str = "data") -> StepMetrics:
-    """Per-shard metrics -> the global batch's (mean loss, summed counts)."""
+def global_metrics(m: StepMetrics, data_axis: str | tuple[str, ...] = "data") -> StepMetrics:
+    """Per-shard metrics -> the global batch's (mean loss, summed counts) over `data_axis`."""
     sums = [jax.lax.psum(getattr(m, k), data_axis) for k in StepMetrics._fields[1:]]
     return StepMetrics(jax.lax.pmean(m.loss, data_axis), *sums)
 
@@ -132,18 +135,25 @@ class SyncStrategy:
 
     # -- the step --
     def _body(self, params, tables, slots, step, batch):
-        plan, nd = self.plan, self.n_data
-        acts = embedding.sharded_lookup(plan, tables, batch.ids, batch.mask)
+        plan = self.plan
+        split = embedding.split_rows(plan, batch.label.shape[0])
+        acts = embedding.sharded_lookup(plan, tables, batch.ids, batch.mask, split)
+        axes = ("data", plan.axis) if split else ("data",)
+        n = self.n_data * (plan.n_shards if split else 1)  # shards of the global batch
+        if split:  # this device's rows of its data shard
+            batch = Batch(embedding.my_rows(plan, batch.dense), batch.ids, batch.mask,
+                          embedding.my_rows(plan, batch.label))
         (loss, logits), (g_p, g_a) = loss_and_grads(self.model, params, acts, batch)
-        # shard_map's autodiff already summed g_p over the data shards (transpose of pvary);
-        # each shard differentiated its local mean, so / n_data gives the global mean's grad.
-        g_p = jax.tree.map(lambda g: g / nd, g_p)
-        gather = lambda x: jax.lax.all_gather(x, "data", axis=0, tiled=True, to="invarying")  # noqa: E731
+        # shard_map's autodiff already summed g_p over the batch shards (transpose of pvary);
+        # each shard differentiated its local mean, so / n gives the global mean's grad.
+        g_p = jax.tree.map(lambda g: g / n, g_p)
+        gather = lambda x, ax=("data",): jax.lax.all_gather(  # noqa: E731
+            x, ax, axis=0, tiled=True, to="invarying")
         w = embedding.pool_weights(plan, batch.ids, batch.mask)
-        g_all = {k: gather(v / nd) for k, v in g_a.items()}
+        g_all = {k: gather(v / n, axes) for k, v in g_a.items()}
         tables, slots = embedding.sharded_update(plan, self.opt, tables, slots, gather(batch.ids),
                                                  gather(w), g_all, step)
-        return g_p, tables, slots, global_metrics(step_metrics(loss, logits, batch.label))
+        return g_p, tables, slots, global_metrics(step_metrics(loss, logits, batch.label), axes)
 
     def _step(self, state: TrainState, batch: Batch):
         s = self.specs

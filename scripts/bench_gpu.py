@@ -1,6 +1,6 @@
 """DLRM training throughput on one accelerator, at several batch sizes: `python scripts/bench_gpu.py`.
 
-    python scripts/bench_gpu.py --batch-sizes 4096,16384,65536 --repeats 7 --steps 20
+    python scripts/bench_gpu.py --batch-sizes 4096,16384,65536 --repeats 7
 
 The headline section of scripts/bench.py (DLRM, Criteo-Kaggle shape: 26 tables x0.5, D=16,
 SGD, fp32, `--config dlrm_kaggle`) at the batch sizes given, on whatever device JAX uses by
@@ -16,10 +16,12 @@ default (a GPU when one is there). Per batch size, in one process, interleaved r
 * PyTorch eager and torch.compile peers on the same device (scripts/bench_torch_gpu.py), when
   torch is installed (and sees a GPU, if JAX runs on one).
 
-Each repeat runs 4 untimed steps first (this drains the prefetch queue, which fills up while the
-other variants run and would otherwise hand the pipeline variant 4 free batches), then times
-`--steps` steps, ending with a device sync. Reported: the median over `--repeats` of examples/sec
-and its ratio to the in-run plain-JAX reference. JSON goes to `--out`.
+The synthetic stream is generated per 65,536-row chunk and batches are slices of it, so the
+pipeline's cost comes in bursts; by default a timed repeat spans at least 4 chunks (`--steps 0`:
+max(20, 4 x 65,536 / B) steps). Each repeat runs 4 untimed steps first (this drains the prefetch
+queue, which fills up while the other variants run and would otherwise hand the pipeline variant
+4 free batches), then the timed steps, ending with a device sync. Reported: the median over
+`--repeats` of examples/sec and its ratio to the in-run plain-JAX reference. JSON goes to `--out`.
 """
 
 import os
@@ -154,7 +156,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", default="4096,16384,65536")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
+    p.add_argument("--steps", type=int, default=0,
+                   help="timed steps per repeat; 0 = max(20, 4 synthetic chunks of 65,536 rows)")
     p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")
     p.add_argument("--out", default="bench_results/bench_gpu.json")
     args = p.parse_args(argv)
@@ -171,7 +174,8 @@ def main(argv=None) -> int:
         print(f"DLRM, Criteo-Kaggle shape (26 tables x0.5, D=16, SGD), B={b}:", flush=True)
         t0 = time.perf_counter()
         try:
-            got = one_batch_size(b, args.repeats, args.steps, peers=not args.no_peers)
+            steps = args.steps or max(20, -(-4 * SyntheticSource.CHUNK // b))
+            got = one_batch_size(b, args.repeats, steps, peers=not args.no_peers)
         except Exception:
             print(f"  B={b} failed:\n{traceback.format_exc()}", flush=True)
             got = []

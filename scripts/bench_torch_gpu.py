@@ -55,9 +55,9 @@ def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, c
     opt_sparse = torch.optim.SGD(model.emb.parameters(), lr=lr)
     loss_fn = nn.BCEWithLogitsLoss()
     forward = torch.compile(model, dynamic=False) if compiled else model
-    data = [(torch.from_numpy(np.asarray(b.dense)).to(dev),
-             torch.from_numpy(np.asarray(b.ids)[:, :, 0]).long().to(dev),
-             torch.from_numpy(np.asarray(b.label)).to(dev)) for b in staged]
+    data = [(torch.from_numpy(np.array(b.dense)).to(dev),
+             torch.from_numpy(np.array(b.ids)[:, :, 0]).long().to(dev),
+             torch.from_numpy(np.array(b.label)).to(dev)) for b in staged]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def run(n):

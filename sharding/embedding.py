@@ -208,14 +208,33 @@ def _assemble(parts: list[tuple[tuple[int, ...], jax.Array]]) -> jax.Array:
     return stacked if order == sorted(order) else stacked[:, np.argsort(order), :]
 
 
-def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask) -> dict:
-    """Pooled activations ``group -> f32[b, F, Dg]`` of the local batch (equal to `lookup`)."""
+def split_rows(plan: EmbeddingPlan, b: int) -> bool:
+    """On a 2-D mesh, whether the lookup hands each table-axis shard its own ``b / M`` of the
+    data shard's ``b`` examples (the dense network then runs on distinct rows on every device,
+    not twice on the same rows). A 1-D mesh always splits (its table axis is the batch axis)."""
+    return not plan.same_axis and plan.n_shards > 1 and b % plan.n_shards == 0
+
+
+def my_rows(plan: EmbeddingPlan, x: jax.Array) -> jax.Array:
+    """This table-axis shard's ``b / M`` rows of an array replicated over the table axis."""
+    n = x.shape[0] // plan.n_shards
+    return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(plan.axis) * n, n)
+
+
+def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask,
+                   split: bool = False) -> dict:
+    """Pooled activations ``group -> f32[b, F, Dg]`` of the local batch (equal to `lookup`).
+
+    With ``split`` (`split_rows`) on a 2-D mesh: ``f32[b / M, F, Dg]``, this table-axis shard's
+    rows (`my_rows`); the row blocks are reduce-scattered instead of all-reduced.
+    """
     w = pool_weights(plan, ids, mask)
     ax, bx = plan.axis, plan.batch_axis
     ids_g, w_g = ids, w
     if plan.same_axis and any(s.kind != "replicated" for s in plan.stores):
         ids_g = jax.lax.all_gather(ids, bx, axis=0, tiled=True)
         w_g = jax.lax.all_gather(w, bx, axis=0, tiled=True)
+    mine = (lambda x: my_rows(plan, x)) if split else (lambda x: x)
     acts = {}
     for group in dict.fromkeys(s.group for s in plan.stores):
         parts, rows, cols = [], [], []
@@ -224,16 +243,19 @@ def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask) -> d
                 on = (ids, w) if s.kind == "replicated" else (ids_g, w_g)
                 layout, local, ww = _local(plan, s, t, base, *on)
                 a = lookup(layout, {s.key: stores[s.key]}, local, ww)[group]
+                if s.kind == "replicated":
+                    a = mine(a)
                 {"replicated": parts, "rows": rows, "columns": cols}[s.kind].append((t.field_index, a))
         if rows:  # partial sums over the row blocks -> the full pooled rows
             x = jnp.concatenate([a for _, a in rows], axis=1)
-            x = (jax.lax.psum_scatter(x, bx, scatter_dimension=0, tiled=True) if plan.same_axis
+            x = (jax.lax.psum_scatter(x, bx if plan.same_axis else ax, scatter_dimension=0,
+                                      tiled=True) if plan.same_axis or split
                  else jax.lax.psum(x, ax))
             parts.append((tuple(i for idx, _ in rows for i in idx), x))
         if cols:  # column blocks -> full width
             x = jnp.concatenate([a for _, a in cols], axis=1)
             x = (jax.lax.all_to_all(x, bx, 0, 2, tiled=True) if plan.same_axis
-                 else jax.lax.all_gather(x, ax, axis=2, tiled=True, to="invarying"))
+                 else mine(jax.lax.all_gather(x, ax, axis=2, tiled=True, to="invarying")))
             parts.append((tuple(i for idx, _ in cols for i in idx), x))
         acts[group] = _assemble(parts)
     return acts

@@ -72,6 +72,16 @@ def test_lookup_rank_coded_exact(kind, mesh):
                                                                   strat.put_batch(batch))
     for g in want:
         np.testing.assert_array_equal(np.asarray(got[g]), np.asarray(want[g]), err_msg=g)
+    if not mesh:
+        return
+    # the training step's split lookup: each (data, model) device its own b / M rows, in order
+    assert embedding.split_rows(plan, 16 // plan.n_batch)
+    got = jax.jit(jax.shard_map(
+        lambda t, b: embedding.sharded_lookup(plan, t, b.ids, b.mask, split=True), mesh=mesh_,
+        in_specs=(specs, batch_specs(True)), out_specs=P(("data", plan.axis))))(
+            placed.tables, strat.put_batch(batch))
+    for g in want:
+        np.testing.assert_array_equal(np.asarray(got[g]), np.asarray(want[g]), err_msg=g)
 
 
 # Each type alone on the 1-D mesh; on the 2-D mesh all four at once run in
