@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 from recjax.embeddings import EmbeddingLayout, TableConfig
 from recjax.features import FeatureSpec
 from recjax.models.ops import MLP, first_order
-from sharding.embedding import EmbeddingPlan, Store
+from sharding.embedding import EmbeddingPlan, Member, Store
 
 SUBSTITUTIONS = ("lr", "fm", "wide_deep", "deepfm", "dcn")
 AXIS = "field"
@@ -141,8 +141,8 @@ def make_layout(layout: EmbeddingLayout, spec: FeatureSpec, assign: tuple[int, .
     rows = max(1, max(fill))
     stores, pooling = [], layout.tables[0].pooling
     for group, dim in layout.groups:
-        members = tuple((t, assign[t.field_index[0]] * rows + offset[t.name.split("/", 1)[1]])
-                        for t in layout.group_tables(group))
+        members = tuple(Member(t, assign[t.field_index[0]], t.num_embeddings,
+                               offset[t.name.split("/", 1)[1]]) for t in layout.group_tables(group))
         stores.append(Store(f"{group}/@des", "rows", group, rows, dim, members))
     plan = EmbeddingPlan(tuple(stores), AXIS, n, "data", n_data, pooling,
                          {t.name: "table_wise" for t in layout.tables})

@@ -5,9 +5,10 @@ the arrays that live on the mesh:
 
 * ``replicated`` (data_parallel): the table itself, ``P()``;
 * ``rows`` (row_wise, table_wise): ``f32[M * R, D]`` split into M blocks of R rows on the table
-  axis. A row-wise table is one store padded to ``M * R`` rows; the table-wise tables of a group
-  are *fused* into one store where shard m's block holds the tables placed on m back to back
-  (torchrec's fused tables), so "table t on shard m" is an offset into the fused store;
+  axis. The tables of a group are *fused* (torchrec's fused tables): one store for the
+  table-wise tables, where shard m's block holds the tables placed on m back to back, and one
+  for the row-wise tables, where shard m's block holds the m-th ``ceil(V / M)`` rows of each;
+  a `Member` says where each table's rows are;
 * ``columns`` (column_wise): the table, its D columns split on the table axis, ``P(None, ax)``.
 
 Lookup and update reuse `recjax.embeddings.lookup`, `row_gradients` and the sparse optimizer
@@ -24,6 +25,7 @@ updates exactly the rows the single-device step updates, with the same summed gr
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,12 +40,13 @@ class Store:
     """One array of the sharded state.
 
     Attributes:
-      key: its name in the sharded tables dict (a table name, or ``"{group}/@table_wise"``).
+      key: its name in the sharded tables dict (a table name, or ``"{group}/@table_wise"``,
+        ``"{group}/@row_wise"``).
       kind: replicated | rows | columns.
       group: activation group the tables feed.
       rows: R, rows held per device (replicated, columns: V).
       dim: Dg, the full embedding dim of the group.
-      members: ``(table, base)``: the table's row r is row ``base + r`` of the global store.
+      members: the tables in the store, as `Member` s.
     """
 
     key: str
@@ -51,7 +54,24 @@ class Store:
     group: str
     rows: int
     dim: int
-    members: tuple[tuple[TableConfig, int], ...]
+    members: tuple[Member, ...]
+
+
+class Member(NamedTuple):
+    """Where a table's rows are in a store: row r is on shard ``shard + r // span``, at row
+    ``offset + r % span`` of that shard's block of R rows. A table-wise table has
+    ``span = V`` (all on one shard); a row-wise one ``shard = 0, span = ceil(V / M)``;
+    replicated and column-wise stores hold one table, ``(t, 0, V, 0)``.
+    """
+
+    table: TableConfig
+    shard: int
+    span: int
+    offset: int
+
+    def store_rows(self, r, n_rows: int):
+        """Global store row of table row(s) r (numpy or jax) in a store of R = n_rows."""
+        return (self.shard + r // self.span) * n_rows + self.offset + r % self.span
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,20 +105,31 @@ class EmbeddingPlan:
         return s.dim // self.n_shards if s.kind == "columns" else s.dim
 
 
-def _table_wise_bases(tables: list[TableConfig], m: int) -> tuple[int, dict[str, int]]:
-    """Greedy largest-first placement on the least-loaded shard; (R, table -> base row)."""
-    load, placed = [0] * m, {}
+def _table_wise(tables: list[TableConfig], m: int) -> tuple[int, list[Member]]:
+    """Greedy largest-first placement on the least-loaded shard; (R, members)."""
+    load, out = [0] * m, {}
     for t in sorted(tables, key=lambda t: -t.num_embeddings):
         s = int(np.argmin(load))
-        placed[t.name] = (s, load[s])
+        out[t.name] = Member(t, s, t.num_embeddings, load[s])
         load[s] += t.num_embeddings
-    r = max(max(load), 1)
-    return r, {name: s * r + off for name, (s, off) in placed.items()}
+    return max(max(load), 1), [out[t.name] for t in tables]
+
+
+def _row_wise(tables: list[TableConfig], m: int) -> tuple[int, list[Member]]:
+    """Every table split in M even row blocks; shard k's block holds block k of each, back to
+    back (torchrec's row-wise tables, fused)."""
+    out, off = [], 0
+    for t in tables:
+        span = -(-t.num_embeddings // m)
+        out.append(Member(t, 0, span, off))
+        off += span
+    return max(off, 1), out
 
 
 def make_plan(layout: EmbeddingLayout, kinds: dict[str, str], axis: str, n_shards: int,
               batch_axis: str, n_batch: int, sparse_opt: str) -> EmbeddingPlan:
-    """Stores for `layout` with each table's sharding type from `kinds`.
+    """Stores for `layout` with each table's sharding type from `kinds`. The row-wise tables of
+    an activation group are fused into one store, and so are its table-wise tables.
 
     Raises:
       ValueError: column_wise with D not divisible by the table axis, or with an optimizer whose
@@ -106,14 +137,12 @@ def make_plan(layout: EmbeddingLayout, kinds: dict[str, str], axis: str, n_shard
     """
     stores, m = [], n_shards
     for group, dim in layout.groups:
-        tw = []
+        fused = {"table_wise": [], "row_wise": []}
         for t in layout.group_tables(group):
             kind = kinds[t.name]
+            whole = (Member(t, 0, t.num_embeddings, 0),)
             if kind == "data_parallel":
-                stores.append(Store(t.name, "replicated", group, t.num_embeddings, dim, ((t, 0),)))
-            elif kind == "row_wise":
-                r = -(-t.num_embeddings // m)
-                stores.append(Store(t.name, "rows", group, r, dim, ((t, 0),)))
+                stores.append(Store(t.name, "replicated", group, t.num_embeddings, dim, whole))
             elif kind == "column_wise":
                 if dim % m:
                     raise ValueError(f"table {t.name}: column_wise needs the embedding dim ({dim}) "
@@ -123,13 +152,13 @@ def make_plan(layout: EmbeddingLayout, kinds: dict[str, str], axis: str, n_shard
                     raise ValueError(f"table {t.name}: column_wise cannot split rowwise_adagrad's "
                                      "one-per-row accumulator; use row_wise/table_wise or "
                                      "--sparse.name=adagrad")
-                stores.append(Store(t.name, "columns", group, t.num_embeddings, dim, ((t, 0),)))
+                stores.append(Store(t.name, "columns", group, t.num_embeddings, dim, whole))
             else:
-                tw.append(t)
-        if tw:
-            r, bases = _table_wise_bases(tw, m)
-            stores.append(Store(f"{group}/@table_wise", "rows", group, r, dim,
-                                tuple((t, bases[t.name]) for t in tw)))
+                fused[kind].append(t)
+        for kind, place in (("table_wise", _table_wise), ("row_wise", _row_wise)):
+            if fused[kind]:
+                r, members = place(fused[kind], m)
+                stores.append(Store(f"{group}/@{kind}", "rows", group, r, dim, tuple(members)))
     pooling = layout.tables[0].pooling
     return EmbeddingPlan(tuple(stores), axis, m, batch_axis, n_batch, pooling, dict(kinds))
 
@@ -141,15 +170,15 @@ def to_stores(plan: EmbeddingPlan, by_table: dict) -> dict:
     """``table name -> pytree of arrays with leading dim V`` (tables or slots) -> ``key -> store``."""
     out = {}
     for s in plan.stores:
-        trees = [jax.tree.map(np.asarray, by_table[t.name]) for t, _ in s.members]
+        trees = [jax.tree.map(np.asarray, by_table[m.table.name]) for m in s.members]
         if s.kind != "rows":
             out[s.key] = trees[0]
             continue
 
         def fuse(*leaves, s=s):
             buf = np.zeros((s.rows * plan.n_shards,) + leaves[0].shape[1:], leaves[0].dtype)
-            for (t, base), leaf in zip(s.members, leaves):
-                buf[base:base + t.num_embeddings] = leaf
+            for m, leaf in zip(s.members, leaves):
+                buf[m.store_rows(np.arange(m.table.num_embeddings), s.rows)] = leaf
             return buf
 
         out[s.key] = jax.tree.map(fuse, *trees)
@@ -161,9 +190,10 @@ def from_stores(plan: EmbeddingPlan, stores: dict) -> dict:
     out = {}
     for s in plan.stores:
         tree = jax.tree.map(np.asarray, stores[s.key])
-        for t, base in s.members:
-            out[t.name] = (tree if s.kind != "rows" else
-                           jax.tree.map(lambda x, t=t, base=base: x[base:base + t.num_embeddings], tree))
+        for m in s.members:
+            rows = m.store_rows(np.arange(m.table.num_embeddings), s.rows)
+            out[m.table.name] = (tree if s.kind != "rows" else
+                                 jax.tree.map(lambda x, rows=rows: x[rows], tree))
     return out
 
 
@@ -191,13 +221,13 @@ def pool_weights(plan: EmbeddingPlan, ids: jax.Array, mask: jax.Array | None) ->
     return w
 
 
-def _local(plan: EmbeddingPlan, s: Store, t: TableConfig, base: int, ids, w):
-    """Ids of table t as rows of this device's block of `s`, and weights zeroed where not held."""
-    idx = t.field_index
-    shift = base - jax.lax.axis_index(plan.axis) * s.rows if s.kind == "rows" else base
-    local, ww = ids[:, idx, :] + shift, w[:, idx, :]
+def _local(plan: EmbeddingPlan, s: Store, m: Member, ids, w):
+    """Ids of m's table as rows of this device's block of `s`, and weights zeroed where not held."""
+    idx = m.table.field_index
+    local, ww = ids[:, idx, :], w[:, idx, :]
     if s.kind == "rows":
-        ww = ww * ((local >= 0) & (local < s.rows)).astype(ww.dtype)
+        held = m.shard + local // m.span == jax.lax.axis_index(plan.axis)
+        local, ww = m.offset + local % m.span, ww * held.astype(ww.dtype)
     one = TableConfig(s.key, s.rows, plan.local_dim(s), (), tuple(range(len(idx))), "sum")
     return EmbeddingLayout(((s.group, plan.local_dim(s)),), (one,), len(idx)), local, ww
 
@@ -239,13 +269,13 @@ def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask,
     for group in dict.fromkeys(s.group for s in plan.stores):
         parts, rows, cols = [], [], []
         for s in (s for s in plan.stores if s.group == group):
-            for t, base in s.members:
+            for m in s.members:
                 on = (ids, w) if s.kind == "replicated" else (ids_g, w_g)
-                layout, local, ww = _local(plan, s, t, base, *on)
+                layout, local, ww = _local(plan, s, m, *on)
                 a = lookup(layout, {s.key: stores[s.key]}, local, ww)[group]
                 if s.kind == "replicated":
                     a = mine(a)
-                {"replicated": parts, "rows": rows, "columns": cols}[s.kind].append((t.field_index, a))
+                {"replicated": parts, "rows": rows, "columns": cols}[s.kind].append((m.table.field_index, a))
         if rows:  # partial sums over the row blocks -> the full pooled rows
             x = jnp.concatenate([a for _, a in rows], axis=1)
             x = (jax.lax.psum_scatter(x, bx if plan.same_axis else ax, scatter_dimension=0,
@@ -272,9 +302,9 @@ def sharded_update(plan: EmbeddingPlan, opt, stores: dict, slots: dict, ids_all:
     new_stores, new_slots = {}, {}
     for s in plan.stores:
         all_ids, all_g = [], []
-        for t, base in s.members:
-            layout, local, ww = _local(plan, s, t, base, ids_all, w_all)
-            g = g_all[s.group][:, t.field_index, :]
+        for m in s.members:
+            layout, local, ww = _local(plan, s, m, ids_all, w_all)
+            g = g_all[s.group][:, m.table.field_index, :]
             if s.kind == "columns":
                 d = plan.local_dim(s)
                 g = jax.lax.dynamic_slice_in_dim(g, jax.lax.axis_index(plan.axis) * d, d, axis=2)
