@@ -26,6 +26,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -38,7 +39,7 @@ from recjax.runlog import write_json_atomic
 from recjax.train import loop
 from recjax.train.setup import make_model
 from recjax.train.step import StepMetrics, TrainState, apply_dense, loss_and_grads, step_metrics
-from sharding import arrays, comm, embedding, mesh, rules
+from sharding import arrays, comm, embedding, mesh, routing, rules
 
 AXES = ("data", "model")
 
@@ -135,25 +136,52 @@ class SyncStrategy:
 
     # -- the step --
     def _body(self, params, tables, slots, step, batch):
-        plan = self.plan
-        split = embedding.split_rows(plan, batch.label.shape[0])
-        acts = embedding.sharded_lookup(plan, tables, batch.ids, batch.mask, split)
+        plan, factor = self.plan, self.setup.cfg.spmd.route_capacity
+        b = batch.label.shape[0]
+        split = embedding.split_rows(plan, b)
+        mine = (lambda x: embedding.my_rows(plan, x)) if split else (lambda x: x)  # noqa: E731
         axes = ("data", plan.axis) if split else ("data",)
         n = self.n_data * (plan.n_shards if split else 1)  # shards of the global batch
-        if split:  # this device's rows of its data shard
-            batch = Batch(embedding.my_rows(plan, batch.dense), batch.ids, batch.mask,
-                          embedding.my_rows(plan, batch.label))
-        (loss, logits), (g_p, g_a) = loss_and_grads(self.model, params, acts, batch)
+        w = embedding.pool_weights(plan, batch.ids, batch.mask)
+        rows = ([s for s in plan.stores if s.kind == "rows"] if routing.routable(plan, factor, b)
+                else [])
+        routes = {s.key: routing.make_route(plan, s, mine(batch.ids), mine(w), factor)
+                  for s in rows}
+        # a (source, owner) pair over capacity anywhere: this step takes the masked path
+        over = jnp.any(jnp.stack([r.over for r in routes.values()])) if routes else None
+        branch = (lambda masked, routed: jax.lax.cond(over, masked, routed)) if routes else (  # noqa: E731
+            lambda masked, routed: masked())
+
+        def masked_acts(routed=None):
+            return embedding.sharded_lookup(plan, tables, batch.ids, batch.mask, split, routed)
+
+        def routed_acts():
+            return masked_acts({s.key: routing.lookup(plan, s, tables[s.key], routes[s.key],
+                                                      b // (plan.n_shards if split else 1))
+                                for s in rows})
+
+        acts = branch(masked_acts, routed_acts)
+        local = Batch(mine(batch.dense), batch.ids, batch.mask, mine(batch.label))
+        (loss, logits), (g_p, g_a) = loss_and_grads(self.model, params, acts, local)
         # shard_map's autodiff already summed g_p over the batch shards (transpose of pvary);
         # each shard differentiated its local mean, so / n gives the global mean's grad.
         g_p = jax.tree.map(lambda g: g / n, g_p)
-        gather = lambda x, ax=("data",): jax.lax.all_gather(  # noqa: E731
-            x, ax, axis=0, tiled=True, to="invarying")
-        w = embedding.pool_weights(plan, batch.ids, batch.mask)
-        g_all = {k: gather(v / n, axes) for k, v in g_a.items()}
-        tables, slots = embedding.sharded_update(plan, self.opt, tables, slots, gather(batch.ids),
-                                                 gather(w), g_all, step)
-        return g_p, tables, slots, global_metrics(step_metrics(loss, logits, batch.label), axes)
+        g_a = {k: v / n for k, v in g_a.items()}
+
+        def masked_update(routed=None):
+            return embedding.sharded_update(
+                plan, self.opt, tables, slots, _gather(batch.ids), _gather(w),
+                {k: _gather(v, axes) for k, v in g_a.items()}, step, routed)
+
+        def routed_update():
+            done = {s.key: routing.update(plan, self.opt, s, tables[s.key], slots[s.key],
+                                          routes[s.key], g_a[s.group], step) for s in rows}
+            if len(rows) < len(plan.stores):
+                return masked_update(done)
+            return {k: v[0] for k, v in done.items()}, {k: v[1] for k, v in done.items()}
+
+        tables, slots = branch(masked_update, routed_update)
+        return g_p, tables, slots, global_metrics(step_metrics(loss, logits, local.label), axes)
 
     def _step(self, state: TrainState, batch: Batch):
         s = self.specs
@@ -203,6 +231,11 @@ class SyncStrategy:
 
 
 # ---- shared by the SPMD algorithms ---------------------------------------------------------
+
+
+def _gather(x, axes=("data",)):
+    """The whole global batch of a per-shard array (rows in global order)."""
+    return jax.lax.all_gather(x, axes, axis=0, tiled=True, to="invarying")
 
 
 def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:

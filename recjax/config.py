@@ -124,6 +124,10 @@ class SpmdConfig:
       process_id: this process's index.
       save_state: also write out/final_state.npz, the final state in the single-device layout
         (process 0 of a multi-process run; used to compare runs).
+      route_capacity: sync on a 1-D mesh: owner routing of the row-sharded tables' ids with
+        this many times the even share of unique rows per (source, owner) pair
+        (sharding/routing.py; a step over capacity takes the exact masked path); 0 = always
+        the masked path.
     """
 
     mesh: str = ""
@@ -133,6 +137,12 @@ class SpmdConfig:
     num_processes: int = 1
     process_id: int = 0
     save_state: bool = False  # write out/final_state.npz (single-device layout) at the end
+    route_capacity: float = 1.25
+
+    def __post_init__(self):
+        if not (math.isfinite(self.route_capacity) and self.route_capacity >= 0):
+            raise ValueError(f"spmd.route_capacity must be >= 0 (0 = no routing), got "
+                             f"{self.route_capacity}")
 
 
 @dataclasses.dataclass(frozen=True)

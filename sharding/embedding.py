@@ -252,16 +252,19 @@ def my_rows(plan: EmbeddingPlan, x: jax.Array) -> jax.Array:
 
 
 def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask,
-                   split: bool = False) -> dict:
+                   split: bool = False, routed: dict | None = None) -> dict:
     """Pooled activations ``group -> f32[b, F, Dg]`` of the local batch (equal to `lookup`).
 
     With ``split`` (`split_rows`) on a 2-D mesh: ``f32[b / M, F, Dg]``, this table-axis shard's
     rows (`my_rows`); the row blocks are reduce-scattered instead of all-reduced.
+    ``routed``: store key -> its activations ``[b, store fields, Dg]``, already looked up by
+    owner routing (`sharding.routing`); those stores are skipped here.
     """
+    routed = routed or {}
     w = pool_weights(plan, ids, mask)
     ax, bx = plan.axis, plan.batch_axis
     ids_g, w_g = ids, w
-    if plan.same_axis and any(s.kind != "replicated" for s in plan.stores):
+    if plan.same_axis and any(s.kind != "replicated" and s.key not in routed for s in plan.stores):
         ids_g = jax.lax.all_gather(ids, bx, axis=0, tiled=True)
         w_g = jax.lax.all_gather(w, bx, axis=0, tiled=True)
     mine = (lambda x: my_rows(plan, x)) if split else (lambda x: x)
@@ -269,6 +272,10 @@ def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask,
     for group in dict.fromkeys(s.group for s in plan.stores):
         parts, rows, cols = [], [], []
         for s in (s for s in plan.stores if s.group == group):
+            if s.key in routed:
+                parts.append((tuple(i for m in s.members for i in m.table.field_index),
+                              routed[s.key]))
+                continue
             for m in s.members:
                 on = (ids, w) if s.kind == "replicated" else (ids_g, w_g)
                 layout, local, ww = _local(plan, s, m, *on)
@@ -292,15 +299,21 @@ def sharded_lookup(plan: EmbeddingPlan, stores: dict, ids: jax.Array, mask,
 
 
 def sharded_update(plan: EmbeddingPlan, opt, stores: dict, slots: dict, ids_all: jax.Array,
-                   w_all: jax.Array, g_all: dict, step: jax.Array) -> tuple[dict, dict]:
+                   w_all: jax.Array, g_all: dict, step: jax.Array,
+                   routed: dict | None = None) -> tuple[dict, dict]:
     """Apply the global batch's activation gradients to the rows/columns this device holds.
 
     Args:
-      ids_all, w_all: i32/f32[B, F, L] ids and pooling weights of the whole global batch.
+      ids_all, w_all: i32/f32[B, F, L] ids and pooling weights of the whole global batch
+        (None when every store is routed).
       g_all: ``group -> f32[B, F, Dg]`` gradient of the global loss w.r.t. the activations.
+      routed: store key -> ``(store, slots)`` already updated by owner routing.
     """
     new_stores, new_slots = {}, {}
     for s in plan.stores:
+        if routed and s.key in routed:
+            new_stores[s.key], new_slots[s.key] = routed[s.key]
+            continue
         all_ids, all_g = [], []
         for m in s.members:
             layout, local, ww = _local(plan, s, m, ids_all, w_all)

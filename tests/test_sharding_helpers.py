@@ -28,7 +28,8 @@ MULTI_HOT = FeatureSpec(("d0",), (FieldSpec("a", 13, table="ac"), FieldSpec("b",
 
 
 def tiny_cfg(model: str, *, mesh: str = "", rules: str = "", placement: str = "round_robin",
-             sparse: str = "adagrad", pooling: str = "sum", batch: int = 16):
+             sparse: str = "adagrad", pooling: str = "sum", batch: int = 16,
+             route_capacity: float = 1.25):
     cfg = configs.smoke()
     return dataclasses.replace(
         cfg, model=ModelConfig(name=model, embed_dim=8, bottom_mlp=(4,), top_mlp=(5,),
@@ -37,7 +38,8 @@ def tiny_cfg(model: str, *, mesh: str = "", rules: str = "", placement: str = "r
         sparse=SparseOptimConfig(name=sparse, lr=0.1),
         embed=dataclasses.replace(cfg.embed, init="0.5", pooling=pooling),
         train=dataclasses.replace(cfg.train, batch_size=batch),
-        spmd=SpmdConfig(mesh=mesh, table_rules=rules, des_placement=placement))
+        spmd=SpmdConfig(mesh=mesh, table_rules=rules, des_placement=placement,
+                        route_capacity=route_capacity))
 
 
 def random_batch(spec: FeatureSpec, b: int, seed: int = 0) -> Batch:

@@ -9,6 +9,7 @@ duplicate ids, so a lost or double-counted row gradient fails).
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -43,8 +44,9 @@ def _reference(model_name: str, multi_hot: bool, pooling: str, sparse: str):
     return model, tx, sopt, state, batches, ref, ref_m
 
 
-def _strategy(model, mesh, rules, spec=ONE_HOT, pooling="sum", sparse="adagrad"):
-    cfg = tiny_cfg(model, mesh=mesh, rules=rules, pooling=pooling, sparse=sparse)
+def _strategy(model, mesh, rules, spec=ONE_HOT, pooling="sum", sparse="adagrad", route=1.25):
+    cfg = tiny_cfg(model, mesh=mesh, rules=rules, pooling=pooling, sparse=sparse,
+                   route_capacity=route)
     setup = SyncSetup.from_config(cfg, 8, spec)
     m, tx, sopt, state, batches, ref, ref_m = _reference(model, spec is MULTI_HOT, pooling, sparse)
     return SyncStrategy(setup, m, tx, sopt), (m, tx, sopt), state, batches, ref, ref_m
@@ -90,7 +92,9 @@ def test_lookup_rank_coded_exact(kind, mesh):
 @pytest.mark.parametrize("kind", KINDS)
 def test_two_steps_match_single_device(kind, mesh):
     rules = f"emb/.*:{kind}" if kind == "column_wise" else f".*:{kind}"  # wide tables have D=1
-    strat, (model, tx, sopt), state, batches, ref, ref_m = _strategy("deepfm", mesh, rules)
+    # route=8: on the 1-D mesh the row stores always take the routed path (C = all entries)
+    strat, (model, tx, sopt), state, batches, ref, ref_m = _strategy("deepfm", mesh, rules,
+                                                                     route=8.0)
     s = strat.prepare(state)
     for b, rm in zip(batches, ref_m):
         s, m = strat.train_step(s, strat.put_batch(b))
@@ -122,6 +126,60 @@ def test_mixed_rules_other_models(model):
         s, _ = strat.train_step(s, strat.put_batch(b))
     assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
     assert strat.summary()["comm_bytes_per_step"] > 0
+
+
+MIXED_1D = "emb/ac:table_wise;emb/b:column_wise;emb/e:data_parallel;.*:row_wise"
+
+
+@pytest.mark.parametrize("mesh", ["", "data=4,model=2"])
+@pytest.mark.parametrize("factor,over", [(8.0, False), (0.01, True)])
+def test_owner_routing(factor, over, mesh):
+    """Every sharding type at once, multi-hot, on the 1-D mesh (tables on data) and the 2-D one
+    (each device routes its own b / M rows over model): with room (C = all entries) the row
+    stores take the routed path and their lookup is exact on rank-coded tables; with C = 1 the
+    step takes the masked path. Both train like the reference (mean pooling, Adagrad)."""
+    from jax.sharding import PartitionSpec as P
+
+    from algorithms.sync import batch_specs
+    from sharding import routing
+
+    strat, (model, _, _), state, *_ = _strategy("deepfm", mesh, MIXED_1D, MULTI_HOT, sparse="sgd",
+                                               route=factor)
+    plan = strat.plan
+    b = 16 // plan.n_batch
+    assert routing.routable(plan, factor, b)
+    rows = [s for s in plan.stores if s.kind == "rows"]
+    assert {s.key for s in rows} == {"emb/@table_wise", "wide/@row_wise"}
+    state = rank_coded(state)
+    placed = strat.prepare(state)
+    batch = random_batch(MULTI_HOT, 16, seed=3)
+    split = not plan.same_axis
+    mine = (lambda x: embedding.my_rows(plan, x)) if split else (lambda x: x)
+
+    def routed(t, bt):
+        w = embedding.pool_weights(plan, bt.ids, bt.mask)
+        routes = {s.key: routing.make_route(plan, s, mine(bt.ids), mine(w), factor) for s in rows}
+        got = {s.key: routing.lookup(plan, s, t[s.key], routes[s.key], b // (2 if split else 1))
+               for s in rows}
+        flags = jnp.stack([r.over for r in routes.values()])
+        return embedding.sharded_lookup(plan, t, bt.ids, bt.mask, split, routed=got), flags
+
+    out = P(("data", plan.axis)) if split else P("data")
+    got, flags = jax.jit(jax.shard_map(routed, mesh=strat.mesh,
+                                       in_specs=(strat.specs.tables, batch_specs(True)),
+                                       out_specs=(out, P())))(placed.tables, strat.put_batch(batch))
+    assert bool(np.any(np.asarray(flags))) == over
+    if not over:
+        want = lookup(model.layout, state.tables, batch.ids, batch.mask)
+        for g in want:
+            np.testing.assert_array_equal(np.asarray(got[g]), np.asarray(want[g]), err_msg=g)
+
+    strat, _, state, batches, ref, _ = _strategy("deepfm", mesh, MIXED_1D, MULTI_HOT,
+                                                 pooling="mean", route=factor)
+    s = strat.prepare(state)
+    for bt in batches:
+        s, _ = strat.train_step(s, strat.put_batch(bt))
+    assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
 
 
 def test_microbatched_step_inside_shard_map():
