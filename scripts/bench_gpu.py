@@ -7,8 +7,9 @@ SGD, fp32, `--config dlrm_kaggle`) at the batch sizes given, on whatever device 
 default (a GPU when one is there). Per batch size, in one process, interleaved repeat by repeat:
 
 * the plain-JAX reference (scripts/bench_dlrm.py), the denominator of every ratio;
-* recjax's step on pre-staged device batches, ``train.microbatches=1`` (the GPU setting) and
-  ``train.microbatches=8`` (the config's CPU-tuned default);
+* recjax's step on pre-staged device batches, ``train.microbatches=1`` (TrainConfig's default,
+  the GPU setting) and ``train.microbatches=8`` (what scripts/bench.py's headline uses, tuned
+  for XLA:CPU);
 * recjax's step fed by its real input pipeline (synthetic Criteo-shaped stream -> batching ->
   prefetch thread -> device_put), microbatches=1;
 * the input pipeline alone (the same prefetcher consumed with no train step): the host's
@@ -75,6 +76,33 @@ def _torch_device():
     return "cuda" if torch.cuda.is_available() else None
 
 
+def set_precision(mode: str) -> dict:
+    """Matmul precision of both frameworks; returns each one's measured matmul error.
+
+    JAX's default on recent NVIDIA GPUs computes float32 dots with TF32 tensor cores; PyTorch's
+    default is true float32. ``tf32`` puts both on TF32, ``fp32`` both on float32, ``default``
+    leaves each framework's own default. The error is ||A B - ref|| / ||ref|| of a 1024^3
+    float32 product against float64 on the host (TF32 ~1e-3/1e-4, float32 ~1e-7).
+    """
+    jax_mode = {"tf32": "tensorfloat32", "fp32": "float32"}.get(mode)
+    if jax_mode:
+        jax.config.update("jax_default_matmul_precision", jax_mode)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((1024, 1024)).astype(np.float32) for _ in range(2))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    err = lambda x: float(np.linalg.norm(np.asarray(x, np.float64) - ref) / np.linalg.norm(ref))
+    out = {"precision": mode, "jax_matmul_rel_err": err(jax.jit(lambda x, y: x @ y)(a, b))}
+    if bench_torch.available():
+        import torch
+
+        if mode != "default":
+            torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
+        dev = _torch_device() or "cpu"
+        out["torch_matmul_rel_err"] = err(
+            (torch.from_numpy(a).to(dev) @ torch.from_numpy(b).to(dev)).cpu().numpy())
+    return out
+
+
 def interleaved(runners: dict, steps: int, batch: int, repeats: int):
     """Warm up each runner, then per repeat: DRAIN untimed + `steps` timed steps of each."""
     compile_s = {}
@@ -102,7 +130,7 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int):
     return rates, cpu_ms, compile_s
 
 
-def one_batch_size(b: int, repeats: int, steps: int, peers: bool) -> list[dict]:
+def one_batch_size(b: int, repeats: int, steps: int, peers: bool, variants=()) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=b))
     src = SyntheticSource(cfg.synthetic)
@@ -115,7 +143,7 @@ def one_batch_size(b: int, repeats: int, steps: int, peers: bool) -> list[dict]:
             with_mb(1), src, staged, pipeline=False),
         "recjax, real input pipeline (microbatches=1)": lambda: _recjax_runner(
             with_mb(1), src, staged, pipeline=True),
-        "recjax, staged, microbatches=8 (CPU default)": lambda: _recjax_runner(
+        "recjax, staged, microbatches=8 (bench.py's CPU setting)": lambda: _recjax_runner(
             with_mb(8), src, staged, pipeline=False),
         "input pipeline alone (no train step)": lambda: _pipeline_only_runner(src, b),
     }
@@ -130,6 +158,9 @@ def one_batch_size(b: int, repeats: int, steps: int, peers: bool) -> list[dict]:
             *args, compiled=True, device=tdev)
     elif peers:
         print("  torch peers skipped: torch missing or sees no GPU", flush=True)
+    if variants:
+        makers = {k: v for k, v in makers.items()
+                  if k == REF or any(x.lower() in k.lower() for x in variants)}
     runners = {}
     for k, make in makers.items():
         try:
@@ -159,6 +190,12 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=0,
                    help="timed steps per repeat; 0 = max(20, 4 synthetic chunks of 65,536 rows)")
     p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")
+    p.add_argument("--precision", choices=("default", "tf32", "fp32"), default="default",
+                   help="float32 matmuls: each framework's default (JAX: TF32 on recent GPUs, "
+                        "PyTorch: float32), both TF32, or both float32")
+    p.add_argument("--variants", default="",
+                   help="comma-separated substrings: keep only the variants whose name contains "
+                        "one (the plain-JAX reference is always kept)")
     p.add_argument("--out", default="bench_results/bench_gpu.json")
     args = p.parse_args(argv)
     hw = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
@@ -168,14 +205,18 @@ def main(argv=None) -> int:
         import torch
 
         hw["torch"] = torch.__version__
+    hw.update(set_precision(args.precision))
+    variants = tuple(x for x in args.variants.split(",") if x)
     print(f"hardware: {hw}", flush=True)
     rows = []
     for b in (int(x) for x in args.batch_sizes.split(",")):
-        print(f"DLRM, Criteo-Kaggle shape (26 tables x0.5, D=16, SGD), B={b}:", flush=True)
+        print(f"DLRM, Criteo-Kaggle shape (26 tables x0.5, D=16, SGD), B={b}, "
+              f"precision={args.precision}:", flush=True)
         t0 = time.perf_counter()
         try:
             steps = args.steps or max(20, -(-4 * SyntheticSource.CHUNK // b))
-            got = one_batch_size(b, args.repeats, steps, peers=not args.no_peers)
+            got = one_batch_size(b, args.repeats, steps, peers=not args.no_peers,
+                                 variants=variants)
         except Exception:
             print(f"  B={b} failed:\n{traceback.format_exc()}", flush=True)
             got = []
