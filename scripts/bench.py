@@ -101,6 +101,12 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int) -> dict:
     return rates, cpu_eq
 
 
+def _microbatches(b: int) -> int:
+    """512-row slices on XLA:CPU (cache-sized, 1.3-1.4x there); one pass on an accelerator,
+    where slicing costs up to 2.6x (docs/performance.md, GPU section)."""
+    return max(b // 512, 1) if jax.default_backend() == "cpu" else 1
+
+
 def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     b = cfg.train.batch_size
@@ -108,18 +114,21 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     staged = [jax.device_put(x) for x, _ in itertools.islice(
         batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
     with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
+    mb = _microbatches(b)
     runners = {
         "plain-JAX reference": _reference_runner(cfg, staged),
-        "recjax, staged batches": _recjax_runner(with_mb(8), src, staged, pipeline=False),
-        "recjax, real input pipeline": _recjax_runner(with_mb(8), src, staged, pipeline=True),
+        "recjax, staged batches": _recjax_runner(with_mb(mb), src, staged, pipeline=False),
+        "recjax, real input pipeline": _recjax_runner(with_mb(mb), src, staged, pipeline=True),
         "recjax, staged, microbatches=1": _recjax_runner(with_mb(1), src, staged, pipeline=False),
     }
     if peers and bench_torch.available():
         mc = cfg.model
         args = (cfg.synthetic.cardinalities, cfg.synthetic.n_dense, mc.embed_dim, mc.bottom_mlp,
                 mc.top_mlp, cfg.sparse.lr, staged)
-        runners["PyTorch eager peer (EmbeddingBag sparse=True)"] = bench_torch.make_runner(*args)
-        runners["torch.compile peer"] = bench_torch.make_runner(*args, compiled=True)
+        dev = "cpu" if jax.default_backend() == "cpu" else "cuda"  # the device JAX measures on
+        runners["PyTorch eager peer (EmbeddingBag sparse=True)"] = bench_torch.make_runner(
+            *args, device=dev)
+        runners["torch.compile peer"] = bench_torch.make_runner(*args, compiled=True, device=dev)
     rates, cpu_eq = interleaved(runners, steps, b, repeats)
     ref = np.median(rates["plain-JAX reference"])
     staged_med = np.median(rates["recjax, staged batches"])
@@ -144,7 +153,7 @@ def per_model(repeats: int, steps: int, batch_sizes, models) -> list[dict]:
         cfg = configs.dlrm_kaggle()
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name),
                                   train=dataclasses.replace(cfg.train, batch_size=b,
-                                                            microbatches=max(b // 512, 1)))
+                                                            microbatches=_microbatches(b)))
         src = SyntheticSource(cfg.synthetic)
         staged = [jax.device_put(x) for x, _ in itertools.islice(
             batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 4)]

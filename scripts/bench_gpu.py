@@ -14,7 +14,7 @@ default (a GPU when one is there). Per batch size, in one process, interleaved r
   prefetch thread -> device_put), microbatches=1;
 * the input pipeline alone (the same prefetcher consumed with no train step): the host's
   ceiling for the previous row;
-* PyTorch eager and torch.compile peers on the same device (scripts/bench_torch_gpu.py), when
+* PyTorch eager and torch.compile peers on the same device (scripts/bench_torch.py with device=cuda), when
   torch is installed (and sees a GPU, if JAX runs on one).
 
 The synthetic stream is generated per 65,536-row chunk and batches are slices of it, so the
@@ -49,7 +49,7 @@ from recjax import configs  # noqa: E402
 from recjax.concurrency import Prefetcher  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
-from scripts import bench_dlrm, bench_torch, bench_torch_gpu  # noqa: E402
+from scripts import bench_dlrm, bench_torch  # noqa: E402
 from scripts.bench import _recjax_runner, _reference_runner, _stream  # noqa: E402
 
 REF = "plain-JAX reference"
@@ -152,9 +152,9 @@ def one_batch_size(b: int, repeats: int, steps: int, peers: bool, variants=()) -
         mc = cfg.model
         args = (cfg.synthetic.cardinalities, cfg.synthetic.n_dense, mc.embed_dim, mc.bottom_mlp,
                 mc.top_mlp, cfg.sparse.lr, staged)
-        makers[f"PyTorch eager peer ({tdev})"] = lambda: bench_torch_gpu.make_runner(
+        makers[f"PyTorch eager peer ({tdev})"] = lambda: bench_torch.make_runner(
             *args, device=tdev)
-        makers[f"torch.compile peer ({tdev})"] = lambda: bench_torch_gpu.make_runner(
+        makers[f"torch.compile peer ({tdev})"] = lambda: bench_torch.make_runner(
             *args, compiled=True, device=tdev)
     elif peers:
         print("  torch peers skipped: torch missing or sees no GPU", flush=True)

@@ -3,7 +3,9 @@
 PERF_NOTES lists PyTorch eager (``EmbeddingBag(sparse=True)``) and ``torch.compile`` among the
 peers recjax must beat. They are measured here only if torch is installed (it is not a recjax
 dependency: ``pip install torch`` to include them), on the same staged batches, interleaved
-with the JAX variants.
+with the JAX variants. ``device="cpu"`` (bench.py on the dev VMs) uses 2 threads; ``"cuda"``
+(scripts/bench_gpu.py) moves the model and batches to the GPU, and ``run(n)`` synchronises the
+device before it returns so that wall-clock timing counts the work.
 """
 
 from __future__ import annotations
@@ -19,16 +21,19 @@ def available() -> bool:
     return True
 
 
-def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, compiled=False):
+def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, compiled=False,
+                device: str = "cpu"):
     """``(run(n), close)`` for `scripts.bench.interleaved`; `staged` holds recjax Batches."""
     import torch
     from torch import nn
 
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        torch.set_num_threads(2)
     n_vec = len(cards) + 1
     li, lj = np.triu_indices(n_vec, k=1)
-    li, lj = torch.as_tensor(li), torch.as_tensor(lj)
+    li, lj = torch.as_tensor(li, device=dev), torch.as_tensor(lj, device=dev)
 
     def mlp(sizes, last_linear):
         layers = []
@@ -55,14 +60,16 @@ def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, c
             z = torch.bmm(t, t.transpose(1, 2))[:, li, lj]
             return self.top(torch.cat([bo, z], dim=1)).squeeze(1)
 
-    model = DLRM()
+    model = DLRM().to(dev)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("emb.")]
     opt_dense = torch.optim.SGD(dense_params, lr=lr)
     opt_sparse = torch.optim.SGD(model.emb.parameters(), lr=lr)
     loss_fn = nn.BCEWithLogitsLoss()
-    forward = torch.compile(model) if compiled else model
-    data = [(torch.from_numpy(np.asarray(b.dense)), torch.from_numpy(np.asarray(b.ids)[:, :, 0]).long(),
-             torch.from_numpy(np.asarray(b.label))) for b in staged]
+    forward = torch.compile(model, dynamic=False) if compiled else model
+    data = [(torch.from_numpy(np.array(b.dense)).to(dev),
+             torch.from_numpy(np.array(b.ids)[:, :, 0]).long().to(dev),
+             torch.from_numpy(np.array(b.label)).to(dev)) for b in staged]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def run(n):
         for i in range(n):
@@ -73,5 +80,6 @@ def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, c
             loss.backward()
             opt_dense.step()
             opt_sparse.step()
+        sync()
 
     return run, lambda: None

@@ -60,9 +60,12 @@ def init_runtime(cfg: Config) -> int:
             jax.config.update("jax_num_cpu_devices", want)
     have = jax.device_count()
     if want > have:
+        hint = ("" if jax.default_backend() == "cpu" else
+                f"; --devices makes fake CPU devices only on the CPU backend, and JAX's "
+                f"default backend here is {jax.default_backend()}: set JAX_PLATFORMS=cpu to use them")
         raise ValueError(f"--devices {want}: only {have} devices exist (JAX was initialised "
                          f"before the flag could take effect); lower --devices or start a fresh "
-                         f"process")
+                         f"process{hint}")
     return want or have
 
 
