@@ -11,10 +11,14 @@ the producer's traceback, and a ``close()`` that returns promptly however the co
 
 `ThreadGroup` starts the host-async runtime's threads (workers, shadow threads): named daemon
 threads, one shared stop Event, the first exception re-raised in the caller with its traceback.
+
+`ordered_map` maps a function over items on a thread pool, results in order (the synthetic
+generator's chunks on a many-core host).
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -268,3 +272,31 @@ class ThreadGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def ordered_map(fn: Callable[[Any], T], items: Iterable[Any], workers: int,
+                ahead: int | None = None) -> Iterator[T]:
+    """``map(fn, items)`` on `workers` pool threads, results in input order, at most `ahead`
+    (default ``2 * workers``) computed ahead of the consumer. For work that releases the GIL
+    (numpy), e.g. generating synthetic chunks on a many-core host. ``workers <= 1`` is the plain
+    ``map`` in the caller's thread. Closing the iterator early cancels what has not started and
+    waits for what has; an exception in `fn` is raised at its place in the order.
+    """
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    ahead = ahead or 2 * workers
+    with ThreadPoolExecutor(workers, thread_name_prefix="recjax-map") as pool:
+        pending: collections.deque = collections.deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) >= ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()

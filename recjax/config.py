@@ -35,6 +35,8 @@ class DataConfig:
       cache_dir: parse each data file once into .npy files here and memory-map them in later
         epochs and later runs (keyed by file size/mtime and reader options); empty = off.
       prefetch: batches prepared ahead by the background thread (0 = no thread).
+      workers: threads generating synthetic chunks ahead (the stream does not depend on it);
+        0 = auto: half the host's cores, at most 8 (1 on the 2-core dev machines).
     """
 
     train: str = "synthetic"
@@ -48,12 +50,15 @@ class DataConfig:
     cache_rows: int = 10_000_000
     cache_dir: str = ""
     prefetch: int = 4
+    workers: int = 0
 
     def __post_init__(self):
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"data.holdout must be in (0, 1), got {self.holdout}")
         if self.hash_buckets < 1:
             raise ValueError(f"data.hash_buckets must be >= 1, got {self.hash_buckets}")
+        if self.workers < 0:
+            raise ValueError(f"data.workers must be >= 0 (0 = auto), got {self.workers}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,6 +34,7 @@ from recjax.concurrency import Prefetcher  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
 from recjax.models.config import MODEL_NAMES  # noqa: E402
+from recjax.train.data import data_workers  # noqa: E402
 from recjax.train.setup import build  # noqa: E402
 from recjax.train.step import jit_train_step  # noqa: E402
 from scripts import bench_dlrm, bench_torch  # noqa: E402
@@ -110,7 +111,7 @@ def _microbatches(b: int) -> int:
 def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     b = cfg.train.batch_size
-    src = SyntheticSource(cfg.synthetic)
+    src = SyntheticSource(cfg.synthetic, workers=data_workers(cfg))
     staged = [jax.device_put(x) for x, _ in itertools.islice(
         batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
     with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
@@ -154,7 +155,7 @@ def per_model(repeats: int, steps: int, batch_sizes, models) -> list[dict]:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name),
                                   train=dataclasses.replace(cfg.train, batch_size=b,
                                                             microbatches=_microbatches(b)))
-        src = SyntheticSource(cfg.synthetic)
+        src = SyntheticSource(cfg.synthetic, workers=data_workers(cfg))
         staged = [jax.device_put(x) for x, _ in itertools.islice(
             batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 4)]
         rates = interleaved({name: _recjax_runner(cfg, src, staged, False)}, steps, b, repeats)[0][name]

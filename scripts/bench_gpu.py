@@ -49,6 +49,7 @@ from recjax import configs  # noqa: E402
 from recjax.concurrency import Prefetcher  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
+from recjax.train.data import data_workers  # noqa: E402
 from scripts import bench_dlrm, bench_torch  # noqa: E402
 from scripts.bench import _recjax_runner, _reference_runner, _stream  # noqa: E402
 
@@ -133,7 +134,7 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int):
 def one_batch_size(b: int, repeats: int, steps: int, peers: bool, variants=()) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=b))
-    src = SyntheticSource(cfg.synthetic)
+    src = SyntheticSource(cfg.synthetic, workers=data_workers(cfg))
     staged = [jax.device_put(x) for x, _ in itertools.islice(
         batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
     with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))

@@ -1,10 +1,12 @@
 """Prefetcher: order, errors, prompt shutdown, no leaked threads."""
 
+import dataclasses
 import gc
 import threading
 import time
 import traceback
 
+import numpy as np
 import pytest
 
 from recjax.concurrency import Prefetcher
@@ -119,3 +121,50 @@ def test_many_open_close_cycles_leak_no_threads():
 def test_bad_depth():
     with pytest.raises(ValueError, match="depth"):
         Prefetcher([], depth=-1)
+
+
+def test_ordered_map_keeps_order_raises_in_place_and_stops_early():
+    import random
+
+    from recjax.concurrency import ordered_map
+
+    def slow_square(x):
+        time.sleep(random.random() * 0.01)
+        return x * x
+
+    assert list(ordered_map(slow_square, range(50), workers=4)) == [x * x for x in range(50)]
+    assert list(ordered_map(slow_square, range(5), workers=1)) == [0, 1, 4, 9, 16]
+
+    def boom(x):
+        if x == 7:
+            raise KeyError("seven")
+        return x
+
+    got = []
+    with pytest.raises(KeyError, match="seven"):
+        for y in ordered_map(boom, range(20), workers=3):
+            got.append(y)
+    assert got == list(range(7))
+    started = []
+
+    def track(x):
+        started.append(x)
+        return x
+
+    it = ordered_map(track, range(1000), workers=2, ahead=4)
+    assert next(it) == 0
+    it.close()  # cancels what has not started
+    assert len(started) < 20
+
+
+def test_synthetic_stream_is_the_same_for_any_number_of_workers():
+    from recjax.data.synthetic import PRESETS, SyntheticSource
+
+    cfg = dataclasses.replace(PRESETS["smoke"], n_train=3 * 65536 + 100)
+    one = list(SyntheticSource(cfg, workers=1).chunks())
+    four = list(SyntheticSource(cfg, workers=4).chunks())
+    assert len(one) == len(four) == 4
+    for a, b in zip(one, four):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.label, b.label)
+        np.testing.assert_array_equal(a.dense, b.dense)

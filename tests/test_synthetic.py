@@ -41,6 +41,22 @@ def test_ids_follow_the_zipf_law():
     np.testing.assert_allclose(counts[:10], expected[:10], rtol=0.05)
 
 
+@pytest.mark.parametrize("card", [1, 2, 3, 17, 1000, 300_001])
+@pytest.mark.parametrize("s", [0.5, 1.05, 2.0])
+def test_zipf_guide_table_equals_binary_search(card, s):
+    """The guide-table inverse CDF returns exactly searchsorted's ranks, at the CDF's own
+    values (ties), just below them, at 0 and near 1."""
+    from recjax.data.synthetic import _ZipfSampler
+
+    z = _ZipfSampler(card, s, field=0, seed=0)
+    rng = np.random.default_rng(card)
+    cdf = z.cdf[:-1] if card > 1 else z.cdf[:0]
+    u = np.concatenate([rng.random(50_000), [0.0, 1.0 - 2.0 ** -53], cdf[:2000],
+                        np.nextafter(cdf[:2000], 0.0), cdf[-2000:], np.nextafter(cdf[-2000:], 0.0)])
+    want = np.minimum(np.searchsorted(z.cdf, u, side="right"), card - 1)
+    np.testing.assert_array_equal(z.ranks(u), want)
+
+
 def test_bayes_probs_with_noise_match_monte_carlo():
     z = np.array([-3.0, -0.5, 0.0, 1.2, 4.0])
     rng = np.random.default_rng(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -47,6 +48,11 @@ def _count(source: DataSource, keep: Keep) -> int:
     return n
 
 
+def data_workers(cfg: Config) -> int:
+    """``data.workers``, with 0 = half the host's cores, at most 8."""
+    return cfg.data.workers or max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
     name = synthetic_name(spec)
     if name is not None:
@@ -56,7 +62,7 @@ def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
             raise ValueError(f"data spec {spec!r} names synthetic preset {name!r} but the synthetic "
                              f"config section holds {cfg.synthetic.name!r}; pass --data {spec} "
                              "(which loads the preset) or set --synthetic.name to match")
-        return SyntheticSource(cfg.synthetic, split)
+        return SyntheticSource(cfg.synthetic, split, workers=data_workers(cfg))
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
                "multi_hot_len": cfg.data.multi_hot_len}
     source = open_source(spec, **options)
@@ -79,7 +85,7 @@ def open_data(cfg: Config) -> RunData:
         keep_train = keep_eval = None
         desc = cfg.data.eval
     elif isinstance(train, SyntheticSource):
-        ev = SyntheticSource(cfg.synthetic, "eval")
+        ev = SyntheticSource(cfg.synthetic, "eval", workers=data_workers(cfg))
         keep_train = keep_eval = None
         desc = f"synthetic:{cfg.synthetic.name} eval stream ({cfg.synthetic.n_eval} fresh examples)"
     else:

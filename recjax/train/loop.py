@@ -144,8 +144,8 @@ def ne_from_sums(s: dict) -> float:
 RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume", "train.log_every",
                      "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.progress",
                      "train.save_predictions", "train.tensorboard", "train.stop_after",
-                     "train.eval_batch_size", "data.prefetch", "data.cache_dir", "data.cache_rows",
-                     "data.eval", "data.holdout", "data.split_seed"}
+                     "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
+                     "data.cache_rows", "data.eval", "data.holdout", "data.split_seed"}
 
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
