@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ from recjax.train.step import StepMetrics, TrainState, apply_dense, loss_and_gra
 from sharding import arrays, comm, embedding, mesh, routing, rules
 
 AXES = ("data", "model")
+ROUTE_CHECKS = 8  # first batches checked against the routing capacity on the host
 
 
 def feature_spec(cfg: Config) -> FeatureSpec:
@@ -105,6 +107,7 @@ class SyncStrategy:
         self.mesh, self.plan = setup.mesh, setup.plan
         self.n_data = self.mesh.shape["data"]
         self.comm: dict = {}
+        self._route_over: list[bool] = []
 
     # -- placement --
     def _specs(self, state: TrainState) -> TrainState:
@@ -129,7 +132,26 @@ class SyncStrategy:
                           embedding.from_stores(self.plan, host.slots))
 
     def put_batch(self, batch: Batch) -> Batch:
+        if len(self._route_over) < ROUTE_CHECKS:
+            self._check_route(batch)
         return self._place(batch)
+
+    def _check_route(self, batch: Batch) -> None:
+        """Count, on the first batches, the steps that exceed the routing capacity (they take
+        the exact but slower masked path), and say so once."""
+        plan, factor = self.plan, self.setup.cfg.spmd.route_capacity
+        b = batch.label.shape[0] // self.n_data
+        if not routing.routable(plan, factor, b):
+            return
+        split = not plan.same_axis
+        sources = self.n_data * (plan.n_shards if split else 1)
+        over = routing.host_over(plan, batch.ids, batch.mask, factor, sources)
+        if over and not any(self._route_over):
+            print(f"note: a batch exceeds the id-routing capacity (spmd.route_capacity={factor}); "
+                  "such steps take the exact, slower masked path. summary.json counts them "
+                  "(route_over_capacity); a larger --spmd.route_capacity avoids them",
+                  file=sys.stderr, flush=True)
+        self._route_over.append(over)
 
     def _place(self, batch: Batch) -> Batch:
         return arrays.put_tree(batch, self.mesh, batch_specs(batch.mask is not None))
@@ -226,8 +248,13 @@ class SyncStrategy:
         return self._predict_jit(params, tables, self._place(batch))[:n]
 
     def summary(self) -> dict:
-        return {"mesh": dict(self.mesh.shape), "table_axis": self.plan.axis,
-                "table_sharding": self.plan.kinds, **self.comm}
+        out = {"mesh": dict(self.mesh.shape), "table_axis": self.plan.axis,
+               "table_sharding": self.plan.kinds, **self.comm}
+        if self._route_over:
+            out["route_capacity"] = self.setup.cfg.spmd.route_capacity
+            out["route_over_capacity"] = {"checked_batches": len(self._route_over),
+                                          "over": int(sum(self._route_over))}
+        return out
 
 
 # ---- shared by the SPMD algorithms ---------------------------------------------------------

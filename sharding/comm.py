@@ -10,6 +10,10 @@ algorithms on a group of n devices, times the devices in the mesh:
     reduce-scatter  (n-1)/n * S_in
     all-to-all      (n-1)/n * S_in
 
+Of a ``lax.cond`` only the lighter branch is counted: one branch runs, and in sync's routed step
+the heavier one is the exact fallback taken only over capacity (summary.json counts those on
+the first batches as ``route_over_capacity``).
+
 `mesh_lookup_bytes` is the communication DES replaces (Rong et al., SIGIR 2020, Sec. 4): a
 data-parallel worker holding B/N examples pulls the rows of its unique ids from the embedding
 shards (ids + rows) and pushes their gradients back, for the fraction (N-1)/N of rows that live
@@ -49,6 +53,13 @@ def _axes(params: dict) -> tuple:
 
 def _walk(jaxpr, sizes: dict, out: list) -> None:
     for e in jaxpr.eqns:
+        if e.primitive.name == "cond":  # one branch runs: count the lighter one (sync's routed
+            branches = []               # path; its exact fallback runs only over capacity)
+            for b in e.params["branches"]:
+                branches.append([])
+                _walk(b.jaxpr, sizes, branches[-1])
+            out.extend(min(branches, key=lambda r: sum(c["bytes_per_device"] for c in r)))
+            continue
         kind = KINDS.get(e.primitive.name)
         if kind:
             axes = tuple(a for a in _axes(e.params) if a in sizes)

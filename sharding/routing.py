@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sharding import embedding
 from sharding.embedding import EmbeddingPlan, Store
@@ -129,3 +130,25 @@ def update(plan: EmbeddingPlan, opt, s: Store, block, slots, route: Route, g: ja
         recv, got = (jax.lax.all_gather(x, plan.batch_axis, axis=0, tiled=True, to="invarying")
                      for x in (recv, got))  # data shard's gradients for it
     return opt.update(block, slots, recv.reshape(-1), got.reshape(-1, d), step)
+
+
+def host_over(plan: EmbeddingPlan, ids: np.ndarray, mask: np.ndarray | None, factor: float,
+              n_sources: int) -> bool:
+    """Whether a step on the global batch ``ids i32[B, F, L]`` takes the masked path: the
+    `make_route` capacity test in numpy, for the ``n_sources`` devices that route (contiguous
+    slices of the batch). The trainer checks its first batches with it and reports the count."""
+    for s in plan.stores:
+        if s.kind != "rows":
+            continue
+        keys = np.concatenate([m.store_rows(ids[:, m.table.field_index, :].astype(np.int64), s.rows)
+                               for m in s.members], axis=1)
+        if mask is not None:
+            held = np.concatenate([mask[:, m.table.field_index, :] for m in s.members], axis=1)
+            keys = np.where(held != 0, keys, -1)
+        per_source = keys.reshape(n_sources, -1)
+        c = capacity(per_source.shape[1], plan.n_shards, factor)
+        for row in per_source:
+            u = np.unique(row)
+            if np.bincount(u[u >= 0] // s.rows, minlength=plan.n_shards).max() > c:
+                return True
+    return False

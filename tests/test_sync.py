@@ -169,6 +169,8 @@ def test_owner_routing(factor, over, mesh):
                                        in_specs=(strat.specs.tables, batch_specs(True)),
                                        out_specs=(out, P())))(placed.tables, strat.put_batch(batch))
     assert bool(np.any(np.asarray(flags))) == over
+    sources = 8  # the host's capacity test (summary.json's count) agrees with the device's
+    assert routing.host_over(plan, batch.ids, batch.mask, factor, sources) == over
     if not over:
         want = lookup(model.layout, state.tables, batch.ids, batch.mask)
         for g in want:
@@ -180,6 +182,10 @@ def test_owner_routing(factor, over, mesh):
     for bt in batches:
         s, _ = strat.train_step(s, strat.put_batch(bt))
     assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
+    counted = strat.summary()["route_over_capacity"]
+    assert counted == {"checked_batches": 2, "over": sum(
+        routing.host_over(plan, bt.ids, bt.mask, factor, sources) for bt in batches)}
+    assert counted["over"] == (0 if not over else 2)
 
 
 def test_microbatched_step_inside_shard_map():
