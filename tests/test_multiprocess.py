@@ -1,4 +1,5 @@
-"""2 processes on localhost (jax.distributed, gloo) == 1 process with 2 devices, bit for bit.
+"""2 processes on localhost (jax.distributed, gloo) == 1 process with 2 devices, bit for bit
+(4 devices: to float rounding, see the 2-D test).
 
 Subprocesses (so each starts JAX fresh, without the 8 fake devices of conftest.py) on a free
 port via scripts/launch.py; both runs dump their final state in the single-device layout.
@@ -23,7 +24,7 @@ def _run(cmd, timeout=120):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
 
 
-def _compare(tmp_path, args):
+def _compare(tmp_path, args, bitwise=True):
     train = [sys.executable, "scripts/train.py"] + COMMON + args
     _run([sys.executable, "scripts/launch.py", "--num-processes", "2", "--timeout", "100", "--"]
          + train + ["--out", str(tmp_path / "two")])
@@ -32,7 +33,10 @@ def _compare(tmp_path, args):
     one, two = np.load(tmp_path / "one" / "final_state.npz"), np.load(tmp_path / "two" / "final_state.npz")
     assert sorted(one.files) == sorted(two.files) and len(one.files) > 5
     for k in one.files:
-        np.testing.assert_array_equal(two[k], one[k], err_msg=k)
+        if bitwise:
+            np.testing.assert_array_equal(two[k], one[k], err_msg=k)
+        else:
+            np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-8, err_msg=k)
     assert (tmp_path / "two" / "summary.json").exists()
 
 
@@ -42,5 +46,14 @@ def test_des_two_processes_equal_one(tmp_path):
 
 @pytest.mark.slow
 def test_sync_two_processes_equal_one(tmp_path):
+    # The dense gradients are all-reduced over 4 devices: gloo across processes and XLA inside
+    # one add the 4 terms in different orders, so the runs agree to float rounding (1e-9 here),
+    # not bit for bit as the 2-device runs do (a sum of 2 terms does not depend on the order).
     _compare(tmp_path, ["--algo", "sync", "--mesh", "data=2,model=2", "--devices", "4",
-                        "--spmd.table_rules=emb/C1:table_wise;emb/C2:column_wise"])
+                        "--spmd.table_rules=emb/C1:table_wise;emb/C2:column_wise"], bitwise=False)
+
+
+@pytest.mark.slow
+def test_sync_one_axis_routed_two_processes_equal_one(tmp_path):
+    """The 1-D mesh's owner routing: all_to_all of ids, rows and row gradients across processes."""
+    _compare(tmp_path, ["--algo", "sync", "--spmd.route_capacity=8"])
