@@ -121,6 +121,10 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
         "recjax, staged batches": _recjax_runner(with_mb(mb), src, staged, pipeline=False),
         "recjax, real input pipeline": _recjax_runner(with_mb(mb), src, staged, pipeline=True),
         "recjax, staged, microbatches=1": _recjax_runner(with_mb(1), src, staged, pipeline=False),
+        # not a DLRM step: its GEMMs alone, the ceiling GEMM throughput puts on any step
+        "MLP GEMMs only (ceiling)": bench_dlrm.make_gemm_ceiling(
+            cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities), cfg.model.embed_dim,
+            cfg.model.bottom_mlp, cfg.model.top_mlp, b, b // mb),
     }
     if peers and bench_torch.available():
         mc = cfg.model

@@ -65,3 +65,30 @@ def flops_per_example(n_dense: int, n_fields: int, dim: int, bottom, top) -> flo
     macs = sum(a * b for a, b in zip(bot[:-1], bot[1:])) + sum(a * b for a, b in zip(tp[:-1], tp[1:]))
     macs += n_vec * n_vec * dim  # batched T T^T
     return 3 * 2 * macs
+
+
+def make_gemm_ceiling(n_dense: int, n_fields: int, dim: int, bottom, top, batch: int,
+                      rows: int):
+    """``run(n)``: only the MLPs' matrix products, forward and backward (with the ReLUs), of
+    ``batch`` examples in ``rows``-row slices: no embeddings, interaction, loss or optimizer.
+    What a DLRM step costs if everything but its GEMMs were free; its rate is the ceiling
+    that GEMM throughput puts on any implementation on this machine."""
+    n_vec = n_fields + 1
+    sizes = [[n_dense, *bottom, dim], [dim + n_vec * (n_vec - 1) // 2, *top, 1]]
+    shapes = [(a, b) for s in sizes for a, b in zip(s[:-1], s[1:])]
+    ws = [jnp.full(s, 0.01, jnp.float32) for s in shapes]
+    xs = [jnp.ones((rows, a), jnp.float32) for a, _ in shapes]
+
+    def products(ws, xs):
+        return sum(jnp.sum(jax.nn.relu(x @ w)) for w, x in zip(ws, xs))
+
+    grad = jax.jit(jax.grad(products, argnums=(0, 1)))
+    slices = max(batch // rows, 1)
+
+    def run(n):
+        out = None
+        for _ in range(n * slices):
+            out = grad(ws, xs)
+        jax.block_until_ready(out)
+
+    return run, lambda: None
