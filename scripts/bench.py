@@ -17,7 +17,6 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import pathlib
 import platform
@@ -34,6 +33,7 @@ from recjax.concurrency import Prefetcher  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
 from recjax.models.config import MODEL_NAMES  # noqa: E402
+from recjax.runlog import write_json_atomic  # noqa: E402
 from recjax.train.data import data_workers  # noqa: E402
 from recjax.train.setup import build  # noqa: E402
 from recjax.train.step import jit_train_step  # noqa: E402
@@ -208,9 +208,7 @@ def main(argv=None) -> int:
                 print(f"  {r['name']:40s} {r.get('median', float('nan')):10,.0f} ex/s  "
                       + " ".join(f"{k}={v:.3g}" for k, v in r.items() if k.startswith("ratio")))
             rows += got
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"hardware": hw, "rows": rows}, f, indent=1)
+    write_json_atomic(args.out, {"hardware": hw, "rows": rows})
     print(f"wrote {args.out}")
     return 0
 

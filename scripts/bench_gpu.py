@@ -33,7 +33,6 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import itertools  # noqa: E402
-import json  # noqa: E402
 import pathlib  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -49,6 +48,7 @@ from recjax import configs  # noqa: E402
 from recjax.concurrency import Prefetcher  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
+from recjax.runlog import write_json_atomic  # noqa: E402
 from recjax.train.data import data_workers  # noqa: E402
 from scripts import bench_dlrm, bench_torch  # noqa: E402
 from scripts.bench import _recjax_runner, _reference_runner, _stream  # noqa: E402
@@ -229,9 +229,7 @@ def main(argv=None) -> int:
         print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
         rows += got
         gc.collect()
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"hardware": hw, "rows": rows}, f, indent=1)
+        write_json_atomic(args.out, {"hardware": hw, "rows": rows})
     print(f"wrote {args.out}")
     return 0
 
