@@ -20,6 +20,10 @@ splits the batch; ``all_gather``/``all_to_all`` of the column blocks for column_
 The update sees the *global* batch (ids, weights and activation gradients all-gathered over
 the data axis), so every optimizer, including the non-linear ones that merge duplicate ids,
 updates exactly the rows the single-device step updates, with the same summed gradients.
+
+This is the *masked* path: simple, exact, and M times the sparse work on M shards. Sync's
+step routes the ``rows`` stores' ids to their owners instead (`sharding.routing`) and keeps
+this path as its fallback and for the other kinds.
 """
 
 from __future__ import annotations
@@ -241,7 +245,7 @@ def _assemble(parts: list[tuple[tuple[int, ...], jax.Array]]) -> jax.Array:
 def split_rows(plan: EmbeddingPlan, b: int) -> bool:
     """On a 2-D mesh, whether the lookup hands each table-axis shard its own ``b / M`` of the
     data shard's ``b`` examples (the dense network then runs on distinct rows on every device,
-    not twice on the same rows). A 1-D mesh always splits (its table axis is the batch axis)."""
+    not twice on the same rows). A 1-D mesh needs no split: its table axis is the batch axis."""
     return not plan.same_axis and plan.n_shards > 1 and b % plan.n_shards == 0
 
 

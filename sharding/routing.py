@@ -15,8 +15,8 @@ distribution:
 On a 2-D mesh the entries are those of the device's own ``b / M`` rows (`embedding.split_rows`),
 routed over the ``model`` axis inside its data group, and the owner all-gathers the routed
 gradients over ``data`` (its block is replicated there). A device handles about ``C * M``
-entries (``spmd.route_capacity`` x its local entries, and
-duplicates inside its batch are merged before they are sent) instead of the global batch's.
+entries (``spmd.route_capacity`` x its local entries, duplicates inside its batch merged before
+they are sent) instead of the global batch's.
 Owners merge the same row arriving from several sources in the optimizer (`coalesce`), so the
 update is the single-device one up to float summation order.
 
