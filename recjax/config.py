@@ -129,8 +129,8 @@ class SpmdConfig:
       process_id: this process's index.
       save_state: also write out/final_state.npz, the final state in the single-device layout
         (process 0 of a multi-process run; used to compare runs).
-      route_capacity: sync on a 1-D mesh: owner routing of the row-sharded tables' ids with
-        this many times the even share of unique rows per (source, owner) pair
+      route_capacity: sync: owner routing of the row-sharded tables' ids with this many times
+        the even share of unique rows per (source, owner) pair
         (sharding/routing.py; a step over capacity takes the exact masked path); 0 = always
         the masked path.
     """

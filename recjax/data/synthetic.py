@@ -151,8 +151,8 @@ class _ZipfSampler:
     (Chen & Asau's indexed search): ``guide[j]`` is the answer for ``u = j / K``, so the answer
     for ``u`` in ``[j / K, (j + 1) / K)`` lies in ``[guide[j], guide[j + 1]]`` and a few
     vectorised bisection steps inside that bracket find it. Same ranks as the plain binary
-    search over a CDF of up to millions of entries, several times faster (the input
-    pipeline's main cost; docs/performance.md).
+    search over a CDF of up to millions of entries; the whole chunk generates 2x faster (the
+    input pipeline's main cost; docs/performance.md).
     """
 
     def __init__(self, card: int, s: float, field: int, seed: int):
