@@ -83,7 +83,7 @@ class DesStrategy(SyncStrategy):
         super().__init__(setup, model, tx, sparse_opt)
         self.dl = setup.layout
         self.plan = self.dl.plan
-        self.forward = des.DesForward(setup.cfg.model.name, getattr(model, "microbatches", 1))
+        self.forward = des.DesForward(setup.cfg.model.name, getattr(model, "microbatches", 0))
         self.model_name = setup.cfg.model.name
         self._unique: list[list[int]] = []
 

@@ -180,7 +180,7 @@ class Runtime:
         mini = dataclasses.replace(layout, tables=tuple(
             dataclasses.replace(t, num_embeddings=tc.batch_size * len(t.field_index)
                                 * self.data.spec.max_len) for t in layout.tables))
-        mini_model = Model(self.model.module, mini)
+        mini_model = Model(self.model.module, mini, self.model.microbatches)
         profile = [b for b, _ in self._global_batches(rc.profile_batches)]
         self.costs = ps_lib.profile_costs(layout, profile)
         self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)

@@ -36,7 +36,7 @@ from recjax.models.config import MODEL_NAMES  # noqa: E402
 from recjax.runlog import write_json_atomic  # noqa: E402
 from recjax.train.data import data_workers  # noqa: E402
 from recjax.train.setup import build  # noqa: E402
-from recjax.train.step import jit_train_step  # noqa: E402
+from recjax.train.step import jit_train_step, resolve_microbatches  # noqa: E402
 from scripts import bench_dlrm, bench_torch  # noqa: E402
 
 
@@ -102,12 +102,6 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int) -> dict:
     return rates, cpu_eq
 
 
-def _microbatches(b: int) -> int:
-    """512-row slices on XLA:CPU (cache-sized, 1.3-1.4x there); one pass on an accelerator,
-    where slicing costs up to 2.6x (docs/performance.md, GPU section)."""
-    return max(b // 512, 1) if jax.default_backend() == "cpu" else 1
-
-
 def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     b = cfg.train.batch_size
@@ -115,7 +109,7 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     staged = [jax.device_put(x) for x, _ in itertools.islice(
         batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
     with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
-    mb = _microbatches(b)
+    mb = resolve_microbatches(0, b)  # what the trainer's default (auto) runs
     runners = {
         "plain-JAX reference": _reference_runner(cfg, staged),
         "recjax, staged batches": _recjax_runner(with_mb(mb), src, staged, pipeline=False),
@@ -157,8 +151,7 @@ def per_model(repeats: int, steps: int, batch_sizes, models) -> list[dict]:
     for name, b in itertools.product(models, batch_sizes):
         cfg = configs.dlrm_kaggle()
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name),
-                                  train=dataclasses.replace(cfg.train, batch_size=b,
-                                                            microbatches=_microbatches(b)))
+                                  train=dataclasses.replace(cfg.train, batch_size=b))
         src = SyntheticSource(cfg.synthetic, workers=data_workers(cfg))
         staged = [jax.device_put(x) for x, _ in itertools.islice(
             batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 4)]

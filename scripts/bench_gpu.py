@@ -7,9 +7,8 @@ SGD, fp32, `--config dlrm_kaggle`) at the batch sizes given, on whatever device 
 default (a GPU when one is there). Per batch size, in one process, interleaved repeat by repeat:
 
 * the plain-JAX reference (scripts/bench_dlrm.py), the denominator of every ratio;
-* recjax's step on pre-staged device batches, ``train.microbatches=1`` (TrainConfig's default,
-  the GPU setting) and ``train.microbatches=8`` (what scripts/bench.py's headline uses, tuned
-  for XLA:CPU);
+* recjax's step on pre-staged device batches, ``train.microbatches=1`` (what the default,
+  auto, runs on a GPU) and ``train.microbatches=8`` (what auto runs on XLA:CPU at B=4096);
 * recjax's step fed by its real input pipeline (synthetic Criteo-shaped stream -> batching ->
   prefetch thread -> device_put), microbatches=1;
 * the input pipeline alone (the same prefetcher consumed with no train step): the host's

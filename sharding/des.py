@@ -315,7 +315,7 @@ class DesForward:
     """
 
     model: str
-    microbatches: int = 1
+    microbatches: int = 0
 
     def logits(self, params, acts: dict, dense: jax.Array) -> jax.Array:
         b = dense.shape[0]

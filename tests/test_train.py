@@ -11,14 +11,14 @@ import pytest
 
 from recjax import configs
 from recjax.batch import Batch
-from recjax.config import DenseOptimConfig
+from recjax.config import DenseOptimConfig, TrainConfig
 from recjax.data.synthetic import PRESETS, SyntheticSource
 from recjax.embeddings import SparseOptimConfig
 from recjax.features import FeatureSpec, FieldSpec
 from recjax.models.config import MODEL_NAMES, ModelConfig
 from recjax.train.loop import run
 from recjax.train.setup import build
-from recjax.train.step import jit_train_step
+from recjax.train.step import jit_train_step, resolve_microbatches
 from tests.reference_models import reference
 
 LR_DENSE, LR_SPARSE = 0.1, 0.3
@@ -149,6 +149,18 @@ def test_jnp_state_is_donated():
     step = jit_train_step(model, tx, sopt)
     new, _ = step(state, batch)
     assert old.is_deleted() and isinstance(new.tables["emb/C1"], jnp.ndarray)
+
+
+def test_resolve_microbatches_auto():
+    """0 = auto: the most >= 512-row slices dividing the batch on CPU, one pass elsewhere."""
+    cpu = lambda b: resolve_microbatches(0, b, "cpu")  # noqa: E731
+    assert [cpu(b) for b in (4096, 1024, 1000, 512, 256, 3000, 1536, 4100)] == [8, 2, 1, 1, 1, 5, 3, 5]
+    assert resolve_microbatches(0, 65536, "gpu") == 1 and resolve_microbatches(0, 4096, "tpu") == 1
+    assert resolve_microbatches(4, 4096, "gpu") == 4  # an explicit value is kept anywhere
+    with pytest.raises(ValueError, match="microbatches=3 must divide"):
+        TrainConfig(batch_size=1024, microbatches=3)
+    with pytest.raises(ValueError, match="microbatches=-1"):
+        TrainConfig(microbatches=-1)
 
 
 @pytest.mark.parametrize("name", ["dlrm", "deepfm"])

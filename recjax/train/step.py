@@ -67,12 +67,13 @@ class Model:
       module: flax module, ``module.apply({"params": p}, acts, dense) -> logits f32[B]``.
       layout: which tables feed which activation groups.
       microbatches: run the dense forward/backward as a scan over this many slices of the
-        batch (see `loss_and_grads`); 1 = the whole batch at once.
+        batch (see `loss_and_grads`); 1 = the whole batch at once; 0 = auto
+        (`resolve_microbatches`).
     """
 
     module: Any
     layout: EmbeddingLayout
-    microbatches: int = 1
+    microbatches: int = 0
 
     def logits(self, params, acts: dict, dense: jax.Array) -> jax.Array:
         return self.module.apply({"params": params}, acts, dense)
@@ -83,10 +84,32 @@ def per_example_logloss(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jax.nn.softplus(logits) - labels * logits
 
 
+SLICE_ROWS = 512  # rows per slice of the auto setting: a slice's MLP activations fit in cache
+
+
+def resolve_microbatches(m: int, b: int, backend: str | None = None) -> int:
+    """The slices a batch of ``b`` rows is cut into for ``microbatches = m``.
+
+    ``m > 0`` is taken as given. ``m = 0`` (auto) is one pass off the CPU, where slicing costs
+    up to 2.6x (docs/performance.md, GPU section), and on XLA:CPU the most slices of at least
+    `SLICE_ROWS` rows that divide ``b`` (1.3-1.4x for DLRM at B=4096 there): 8 at 4096, 2 at
+    1024, 1 below 1024.
+    """
+    if m:
+        return m
+    if (backend or jax.default_backend()) != "cpu":
+        return 1
+    m = max(b // SLICE_ROWS, 1)
+    while b % m:
+        m -= 1
+    return m
+
+
 def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     """Loss, logits and gradients w.r.t. the dense params and the activations.
 
-    With ``model.microbatches = m > 1`` the batch is cut into m equal slices and a `lax.scan`
+    With m = ``resolve_microbatches(model.microbatches, b)`` > 1 slices, the batch is cut into m
+    equal slices and a `lax.scan`
     accumulates ``grad(mean_slice / m)``: the same gradient as one pass over the batch (only the
     float summation order differs), but each slice's MLP activations stay in cache. On the
     2-core CPU this is ~1.3-1.4x faster for DLRM at B=4096 (docs/performance.md).
@@ -94,7 +117,8 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     Returns:
       ((loss, logits), (g_params, g_acts)); ``g_acts`` has the shapes of ``acts``.
     """
-    m = model.microbatches
+    b = batch.label.shape[0]
+    m = resolve_microbatches(model.microbatches, b)
 
     def loss_fn(p, a, dense, label):
         logits = model.logits(p, a, dense)
@@ -104,7 +128,6 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     if m == 1:
         return grad_fn(params, acts, batch.dense, batch.label)
 
-    b = batch.label.shape[0]
     if b % m:
         raise ValueError(f"batch of {b} does not split into train.microbatches={m} equal slices")
     split = lambda x: x.reshape((m, b // m) + x.shape[1:])
