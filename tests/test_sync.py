@@ -189,15 +189,22 @@ def test_owner_routing(factor, over, mesh):
 
 
 def test_microbatched_step_inside_shard_map():
-    """train.microbatches > 1 under shard_map (scan carry typed per mesh axis) == reference."""
+    """train.microbatches > 1 under shard_map (scan carry typed per mesh axis) == reference, and
+    the dense gradient is all-reduced once per step, not once per slice."""
     import dataclasses
 
     strat, (model, tx, sopt), state, batches, ref, _ = _strategy("dlrm", "", ".*:row_wise")
+    one = SyncStrategy(strat.setup, dataclasses.replace(model, microbatches=1), tx, sopt)
+    one.prepare(state)
     strat = SyncStrategy(strat.setup, dataclasses.replace(model, microbatches=2), tx, sopt)
     s = strat.prepare(state)
     for b in batches:
         s, _ = strat.train_step(s, strat.put_batch(b))
     assert_states_close(ref, strat.unshard(s), rtol=1e-4, atol=1e-6)
+    reduces = lambda st: sorted(  # noqa: E731
+        r["bytes"] for r in st.comm["comm_collectives"] if r["op"] == "all_reduce")
+    assert reduces(strat) == reduces(one)
+    assert strat.comm["comm_bytes_per_step"] == one.comm["comm_bytes_per_step"]
 
 
 def test_checkpoints_hold_the_reference_layout(tmp_path):

@@ -108,11 +108,17 @@ def resolve_microbatches(m: int, b: int, backend: str | None = None) -> int:
 def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     """Loss, logits and gradients w.r.t. the dense params and the activations.
 
-    With m = ``resolve_microbatches(model.microbatches, b)`` > 1 slices, the batch is cut into m
-    equal slices and a `lax.scan`
-    accumulates ``grad(mean_slice / m)``: the same gradient as one pass over the batch (only the
-    float summation order differs), but each slice's MLP activations stay in cache. On the
-    2-core CPU this is ~1.3-1.4x faster for DLRM at B=4096 (docs/performance.md).
+    With m = ``resolve_microbatches(model.microbatches, b)`` > 1, the batch is cut into m equal
+    slices and a `lax.scan` accumulates ``grad(mean_slice / m)``: the same gradient as one pass
+    over the batch (only the float summation order differs), but each slice's MLP activations
+    stay in cache. On the 2-core CPU this is ~1.3-1.4x faster for DLRM at B=4096
+    (docs/performance.md).
+
+    Inside `jax.shard_map`, autodiff sums a replicated parameter's gradient over the mesh axes
+    the loss varies over (the transpose of the implicit ``pcast`` to varying). Taken per slice,
+    that would be m all-reduces of the dense gradient per step; here the parameters are cast to
+    varying once, the slices' local gradients are summed, and one `psum` per parameter over
+    exactly those axes follows: the same gradient, one all-reduce.
 
     Returns:
       ((loss, logits), (g_params, g_acts)); ``g_acts`` has the shapes of ``acts``.
@@ -139,6 +145,8 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
         return (loss + part, jax.tree.map(jnp.add, g_params, gp)), (logits, ga)
 
     xs = (jax.tree.map(split, acts), split(batch.dense), split(batch.label))
+    first = jax.tree.map(lambda x: x[0], xs)
+    params, sum_over = _defer_psum(lambda p: loss_fn(p, *first)[0], params)
     # The first slice is peeled off the scan so the carry starts as a real gradient: inside
     # shard_map a zeros carry would be typed as unvarying over the mesh axes, the gradients as
     # varying, and scan requires one type for both.
@@ -146,7 +154,23 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     (loss, g_params), (logits, g_acts) = jax.lax.scan(
         body, (loss, g_params), jax.tree.map(lambda x: x[1:], xs))
     join = lambda first, rest: unsplit(jnp.concatenate([first[None], rest]))
+    g_params = jax.tree.map(lambda g, ax: jax.lax.psum(g, ax) if ax else g, g_params, sum_over)
     return (loss, join(logits0, logits)), (g_params, jax.tree.map(join, g_acts0, g_acts))
+
+
+def _varying(aval) -> frozenset:
+    """The mesh axes a value varies over inside `jax.shard_map` (empty outside)."""
+    return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+
+
+def _defer_psum(loss_of_params, params):
+    """``(params', axes)``: each leaf cast to vary over the axes the loss varies over and it does
+    not, and those axes (a tuple per leaf; () outside shard_map). The gradient w.r.t. params'
+    summed with ``psum(g, axes)`` is the gradient w.r.t. params."""
+    loss_axes = _varying(jax.eval_shape(loss_of_params, params))
+    axes = jax.tree.map(lambda p: tuple(sorted(loss_axes - _varying(jax.typeof(p)))), params)
+    cast = lambda p, ax: jax.lax.pcast(p, ax, to="varying") if ax else p  # noqa: E731
+    return jax.tree.map(cast, params, axes), axes
 
 
 def apply_dense(tx: optax.GradientTransformation, params, opt_state, g_params):
