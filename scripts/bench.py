@@ -6,7 +6,9 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
 
 1. DLRM at the Criteo-Kaggle shape (PERF_NOTES): the plain-JAX reference step vs recjax's step
    on pre-staged device batches vs recjax fed by its real input pipeline (synthetic Criteo-shaped
-   stream -> batching -> prefetch thread -> device_put).
+   stream -> batching -> prefetch thread -> device_put); with two rows that are not DLRM steps:
+   the model's MLP GEMMs alone (the ceiling GEMM speed puts on any implementation) and one big
+   GEMM with a step's FLOPs (the roofline, measured on this machine rather than quoted).
 2. Every model at two batch sizes (recjax, pre-staged batches).
    With torch installed, the PyTorch eager and torch.compile peers of PERF_NOTES are
    measured in the same run (scripts/bench_torch.py).
@@ -102,6 +104,9 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int) -> dict:
     return rates, cpu_eq
 
 
+ROOFLINE = "peak fp32 GEMM, a step's FLOPs (roofline)"
+
+
 def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     b = cfg.train.batch_size
@@ -110,6 +115,9 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
         batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 8)]
     with_mb = lambda m: dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=m))
     mb = resolve_microbatches(0, b)  # what the trainer's default (auto) runs
+    mc = cfg.model
+    flops = bench_dlrm.flops_per_example(cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities),
+                                         mc.embed_dim, mc.bottom_mlp, mc.top_mlp)
     runners = {
         "plain-JAX reference": _reference_runner(cfg, staged),
         "recjax, staged batches": _recjax_runner(with_mb(mb), src, staged, pipeline=False),
@@ -119,9 +127,10 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
         "MLP GEMMs only (ceiling)": bench_dlrm.make_gemm_ceiling(
             cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities), cfg.model.embed_dim,
             cfg.model.bottom_mlp, cfg.model.top_mlp, b, b // mb),
+        # not a DLRM step: one big GEMM with a step's FLOPs, the roofline measured in this run
+        ROOFLINE: bench_dlrm.make_peak_gemm(b, flops),
     }
     if peers and bench_torch.available():
-        mc = cfg.model
         args = (cfg.synthetic.cardinalities, cfg.synthetic.n_dense, mc.embed_dim, mc.bottom_mlp,
                 mc.top_mlp, cfg.sparse.lr, staged)
         dev = "cpu" if jax.default_backend() == "cpu" else "cuda"  # the device JAX measures on
@@ -131,15 +140,14 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     rates, cpu_eq = interleaved(runners, steps, b, repeats)
     ref = np.median(rates["plain-JAX reference"])
     staged_med = np.median(rates["recjax, staged batches"])
-    mc = cfg.model
-    flops = bench_dlrm.flops_per_example(cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities),
-                                         mc.embed_dim, mc.bottom_mlp, mc.top_mlp)
+    peak = np.median(rates[ROOFLINE])
     rows = []
     for k, v in rates.items():
         med = float(np.median(v))
         rows.append({"section": "dlrm_kaggle", "name": k, "batch_size": b, "median": med,
                      "examples_per_sec": v, "ratio_to_reference": med / ref,
-                     "ratio_to_staged": med / staged_med, "gflops": med * flops / 1e9,
+                     "ratio_to_staged": med / staged_med, "ratio_to_roofline": med / peak,
+                     "gflops": med * flops / 1e9,
                      "flops_per_example": flops, "repeats": repeats, "steps_per_repeat": steps,
                      "cpu_equivalent_median": float(np.median(cpu_eq[k])),
                      "cpu_equivalent": cpu_eq[k]})
@@ -185,7 +193,8 @@ def main(argv=None) -> int:
         rows += headline(args.repeats, steps, peers=not args.no_peers)
         for r in rows:
             print(f"  {r['name']:32s} {r['median']:10,.0f} ex/s  x{r['ratio_to_reference']:.2f} of "
-                  f"reference  {r['ratio_to_staged']:.2f} of staged  {r['gflops']:.0f} GFLOP/s  "
+                  f"reference  {r['ratio_to_staged']:.2f} of staged  "
+                  f"{r['ratio_to_roofline']:.2f} of roofline  {r['gflops']:.0f} GFLOP/s  "
                   f"(cpu-equivalent {r['cpu_equivalent_median']:,.0f} ex/s)")
     if "models" in sections:
         print("every model, recjax, staged batches:")

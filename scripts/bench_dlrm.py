@@ -92,3 +92,22 @@ def make_gemm_ceiling(n_dense: int, n_fields: int, dim: int, bottom, top, batch:
         jax.block_until_ready(out)
 
     return run, lambda: None
+
+
+def make_peak_gemm(batch: int, flops_per_ex: float, k: int = 2048):
+    """``run(n)``: n large fp32 matrix products, each with the FLOPs of one training step of
+    ``batch`` examples ([m, k] @ [k, k], m = batch x flops_per_ex / 2k^2). Its examples/sec is
+    the roofline measured on this machine: what a step running at the peak GEMM rate would do."""
+    m = max(round(batch * flops_per_ex / (2 * k * k)), 1)
+    a = jnp.full((m, k), 0.5, jnp.float32)
+    w = jnp.full((k, k), 1.0 / k, jnp.float32)
+    mm = jax.jit(lambda a, w: a @ w)
+
+    def run(n):
+        out = None
+        for _ in range(n):
+            out = mm(a, w)
+        jax.block_until_ready(out)
+
+    return run, lambda: None
+
