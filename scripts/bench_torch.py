@@ -10,7 +10,15 @@ device before it returns so that wall-clock timing counts the work.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+# torch's OpenMP threads spin-wait between calls by default. In a process that interleaves
+# torch with XLA:CPU on 2 cores, the spinning threads took CPU from every variant: with active
+# waiting, plain JAX ran 29K and torch.compile 35K ex/s; with passive waiting 34K and 40K
+# (docs/performance.md). It must be set before torch (libgomp) is first imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def available() -> bool:
