@@ -83,7 +83,13 @@ class DesStrategy(SyncStrategy):
         super().__init__(setup, model, tx, sparse_opt)
         self.dl = setup.layout
         self.plan = self.dl.plan
-        self.forward = des.DesForward(setup.cfg.model.name, getattr(model, "microbatches", 0))
+        mb = getattr(model, "microbatches", 0)
+        # DES's forward has collectives over the field axis, so every slice repeats them; across
+        # processes they are latency-bound (gloo), and auto slicing halved the 2-process rate
+        # (56K -> 30K ex/s, docs/performance.md): auto is one pass there.
+        if mb == 0 and setup.cfg.spmd.num_processes > 1:
+            mb = 1
+        self.forward = des.DesForward(setup.cfg.model.name, mb)
         self.model_name = setup.cfg.model.name
         self._unique: list[list[int]] = []
 
