@@ -86,7 +86,7 @@ class DesStrategy(SyncStrategy):
         mb = getattr(model, "microbatches", 0)
         # DES's forward has collectives over the field axis, so every slice repeats them; across
         # processes they are latency-bound (gloo), and auto slicing halved the 2-process rate
-        # (56K -> 30K ex/s, docs/performance.md): auto is one pass there.
+        # (66.7K ex/s one pass vs 30.1K at 4 slices, docs/performance.md): auto is one pass there.
         if mb == 0 and setup.cfg.spmd.num_processes > 1:
             mb = 1
         self.forward = des.DesForward(setup.cfg.model.name, mb)

@@ -110,4 +110,3 @@ def make_peak_gemm(batch: int, flops_per_ex: float, k: int = 2048):
         jax.block_until_ready(out)
 
     return run, lambda: None
-
