@@ -268,25 +268,29 @@ def _gather(x, axes=("data",)):
 def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
     """Set up devices, check the config, train with the shared trainer, write the outputs.
 
-    In a multi-process run every process trains (SPMD) but only process 0 writes ``--out``
-    (summary.json, and final_state.npz with ``spmd.save_state``); checkpoints and
-    metrics.jsonl are written by single-process runs only.
+    In a multi-process run every process trains (SPMD) and process 0 writes ``--out``:
+    summary.json, metrics.jsonl, predictions.csv and TensorBoard events as a single process
+    does, and final_state.npz with ``spmd.save_state``. It writes no checkpoints (each process
+    holds only its shards of the state), so ``--resume`` is refused up front.
     """
+    multi = cfg.spmd.num_processes > 1
+    if multi and cfg.train.resume:
+        raise ValueError("--resume: a multi-process run writes no checkpoints to resume from; "
+                         "resume single-process runs only, or rerun without --resume")
     n = mesh.init_runtime(cfg)
     setup = setup_cls.from_config(cfg, n)  # every config error is raised here, before compiling
-    multi, lead = cfg.spmd.num_processes > 1, jax.process_index() == 0
+    lead = jax.process_index() == 0
     inner = cfg
-    if multi:
+    if multi and not lead:
         inner = dataclasses.replace(cfg, train=dataclasses.replace(
-            cfg.train, out="", save_predictions=False, resume=False,
-            progress=cfg.train.progress and lead))
+            cfg.train, out="", save_predictions=False, tensorboard=False, progress=False))
     made = []
 
     def make_strategy(_cfg, model, tx, sparse_opt):
         made.append(strategy_cls(setup, model, tx, sparse_opt))
         return made[0]
 
-    summary = loop.run(inner, make_strategy)
+    summary = loop.run(inner, make_strategy, checkpoints=not multi)
     state = summary.pop("final_state", None)
     out = cfg.train.out
     if cfg.spmd.save_state and state is not None:
@@ -294,8 +298,10 @@ def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
         if lead and out:
             flat = jax.tree_util.tree_flatten_with_path(host)[0]
             os.makedirs(out, exist_ok=True)
-            np.savez(os.path.join(out, "final_state.npz"),
-                     **{jax.tree_util.keystr(k): np.asarray(v) for k, v in flat})
+            path = os.path.join(out, "final_state.npz")
+            with open(path + ".tmp", "wb") as f:  # temp then rename: never a half-written file
+                np.savez(f, **{jax.tree_util.keystr(k): np.asarray(v) for k, v in flat})
+            os.replace(path + ".tmp", path)
     if multi and lead and out and "stopped_at" not in summary:
         write_json_atomic(os.path.join(out, "summary.json"),
                           summary | {"num_processes": cfg.spmd.num_processes})

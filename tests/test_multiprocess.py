@@ -5,6 +5,7 @@ Subprocesses (so each starts JAX fresh, without the 8 fake devices of conftest.p
 port via scripts/launch.py; both runs dump their final state in the single-device layout.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from tests.conftest import ROOT
 
 COMMON = ["--config", "smoke", "--batch-size", "64", "--steps", "4", "--synthetic.n_eval=1000",
-          "--spmd.save_state=true", "--no-progress"]
+          "--spmd.save_state=true", "--no-progress", "--save-predictions", "--train.log_every=2"]
 
 
 def _run(cmd, timeout=120):
@@ -37,7 +38,24 @@ def _compare(tmp_path, args, bitwise=True):
             np.testing.assert_array_equal(two[k], one[k], err_msg=k)
         else:
             np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-8, err_msg=k)
+    # process 0 writes what a single process writes, checkpoints aside
     assert (tmp_path / "two" / "summary.json").exists()
+    assert not (tmp_path / "two" / "checkpoints").exists()
+    rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [2, 4]
+    assert [r["kind"] for r in rows][-1] == "eval"
+    preds = [np.loadtxt(tmp_path / d / "predictions.csv", delimiter=",", skiprows=1) for d in ("one", "two")]
+    assert preds[0].shape == (1000, 2)
+    np.testing.assert_allclose(preds[1], preds[0], rtol=1e-5, atol=1e-7)
+
+
+def test_resume_refused_before_starting(tmp_path):
+    """A multi-process run keeps no checkpoints: --resume is an error, not a silent fresh start."""
+    cmd = [sys.executable, "scripts/train.py", *COMMON, "--algo", "des", "--out", str(tmp_path),
+           "--resume", "--spmd.num_processes=2", "--spmd.process_id=0",
+           "--spmd.coordinator=127.0.0.1:1"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "writes no checkpoints to resume from" in r.stderr
 
 
 def test_des_two_processes_equal_one(tmp_path):

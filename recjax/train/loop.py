@@ -192,12 +192,14 @@ class Progress:
                 "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now}
 
 
-def run(cfg: Config, make_strategy=None) -> dict:
+def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict.
 
     Args:
       cfg: the run's config.
       make_strategy: ``(cfg, model, tx, sparse_opt) -> Strategy``; default `SingleDevice`.
+      checkpoints: write checkpoints/ under ``--out`` (False: summary, metrics and predictions
+        only; a multi-process run's process 0, whose state is not all on its devices).
     """
     t0 = time.perf_counter()
     tc = cfg.train
@@ -206,7 +208,8 @@ def run(cfg: Config, make_strategy=None) -> dict:
     steps_per_epoch = data.train_rows // tc.batch_size
     total_steps = tc.steps or tc.epochs * steps_per_epoch
 
-    ckpt = Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts) if tc.out else None
+    ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts)
+            if tc.out and checkpoints else None)
     progress = Progress()
     if tc.resume:
         state, meta = ckpt.restore(state)
