@@ -179,16 +179,16 @@ class _ZipfSampler:
         # Bisect only the open brackets (15-30% of draws; the rest are answered by the guide
         # table), dropping each as it closes: 1.7x faster than stepping every draw.
         idx = np.flatnonzero(lo < hi)
-        l, h, v = lo[idx], hi[idx], u[idx]
+        a, z, v = lo[idx], hi[idx], u[idx]
         while idx.size:  # first index in [lo, hi) with cdf > u (hi if none)
-            mid = (l + h) >> 1
+            mid = (a + z) >> 1
             right = self.cdf[np.minimum(mid, self.card - 1)] <= v
-            l, h = np.where(right, mid + 1, l), np.where(right, h, mid)
-            done = l >= h
+            a, z = np.where(right, mid + 1, a), np.where(right, z, mid)
+            done = a >= z
             if done.any():
-                lo[idx[done]] = l[done]
+                lo[idx[done]] = a[done]
                 keep = ~done
-                idx, l, h, v = idx[keep], l[keep], h[keep], v[keep]
+                idx, a, z, v = idx[keep], a[keep], z[keep], v[keep]
         return np.minimum(lo, self.card - 1)
 
     def __call__(self, rng: np.random.Generator, n: int) -> np.ndarray:
