@@ -209,10 +209,11 @@ class TrainConfig:
     Attributes:
       algo: training algorithm: single (one device) | sync | des | async | shadow | fr | ...
       batch_size: examples per step (global batch).
-      microbatches: slices the dense forward/backward is scanned over within a step (same
+      microbatches: slices the dense forward/backward is looped over within a step (same
         gradient up to float summation order; faster on CPU for big MLPs at big batches, see
         docs/performance.md). 0 = auto: ~512-row slices of each device's batch on XLA:CPU,
-        one pass on a GPU/TPU (where slicing costs up to 2.6x).
+        one pass on a GPU/TPU (where slicing costs up to 2.6x) and under DES (whose forward
+        collectives every slice would repeat).
       epochs: passes over the training data (ignored when steps > 0).
       steps: train exactly this many steps (0 = run `epochs`).
       seed: seeds parameter init and data order (not the hold-out split: data.split_seed; not
