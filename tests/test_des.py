@@ -183,9 +183,9 @@ def test_microbatched_step(model_name):
 
 def test_auto_microbatches_is_one_pass():
     """Auto slicing under DES is one pass: each slice would repeat the forward's collectives
-    over `field` (8 slices: 32 collectives a step instead of 4, 0.70 vs 0.84 of the single
-    device on 8 fake devices, docs/performance.md). At 1024 rows the single-device auto cuts 2
-    slices; DES's auto step must move exactly what its one-pass step moves."""
+    over `field` (8 slices: 32 collectives a step instead of 4; on 8 fake devices 0.70 instead
+    of 0.84 of the one-pass single device, docs/performance.md). At 1024 rows the single-device
+    auto cuts 2 slices; DES's auto step must move exactly what its one-pass step moves."""
     import dataclasses
 
     cfg = tiny_cfg("deepfm", batch=1024, placement=_placement(5, 8))
