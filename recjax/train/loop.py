@@ -303,7 +303,9 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         if ckpt:
             ckpt.close()
         writer.close()
-        print(f"stopped at step {step}/{total_steps}; resume with --resume --out {tc.out}")
+        # without checkpoints (no --out, or a multi-process run) there is nothing to resume
+        print(f"stopped at step {step}/{total_steps}"
+              + (f"; resume with --resume --out {tc.out}" if ckpt else ""))
         if interrupted:
             raise KeyboardInterrupt
         return {"stopped_at": step, "steps": step}
