@@ -22,6 +22,7 @@ from recjax.models.config import MODEL_NAMES
 from recjax.models.ops import (
     MLP,
     cross_layer,
+    dense_dot_general,
     dot_interaction,
     first_order,
     fm_second_order,
@@ -292,3 +293,58 @@ def test_mlp_last_linear():
         assert set(params["params"]) == {"layer_0", "layer_1"}
         y = jax.jit(mlp.apply)(params, x)
         assert bool(jnp.any(y < 0)) == last_linear
+
+
+@pytest.mark.parametrize("self_pairs", [False, True])
+def test_dot_interaction_gradient_against_autodiff(self_pairs):
+    """The hand-written VJP (dV^T = V^T S from the materialized transpose) equals autodiff of
+    the plain triu-gather form."""
+    rng = np.random.default_rng(5)
+    v = jnp.asarray(rng.normal(size=(B, 6, D)), jnp.float32)
+    i, j = interaction_pairs(6, self_pairs)
+    w = jnp.asarray(rng.normal(size=(len(i),)), jnp.float32)
+    plain = lambda v: jnp.einsum("bnd,bmd->bnm", v, v)[:, i, j]  # noqa: E731
+    got = jax.grad(lambda v: jnp.sum(dot_interaction(v, self_pairs) * w))(v)
+    want = jax.grad(lambda v: jnp.sum(plain(v) * w))(v)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("n_in,n_out", [(7, 3), (3, 7), (5, 5)])  # narrowing, widening, square
+def test_dense_dot_general_matches_plain_matmul(n_in, n_out):
+    """Both weight-gradient orientations of `dense_dot_general` give x^T g and g w^T."""
+    rng = np.random.default_rng(6)
+    x, w, g = (jnp.asarray(rng.normal(size=s), jnp.float32)
+               for s in ((9, n_in), (n_in, n_out), (9, n_out)))
+    dn = (((1,), (0,)), ((), ()))
+    out, vjp = jax.vjp(lambda x, w: dense_dot_general(x, w, dn), x, w)
+    dx, dw = vjp(g)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x) @ np.asarray(w), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(dx), np.asarray(g) @ np.asarray(w).T, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(dw), np.asarray(x).T @ np.asarray(g), rtol=RTOL, atol=ATOL)
+    # a 3-D input is not the plain case: it goes to lax.dot_general unchanged
+    x3 = jnp.asarray(rng.normal(size=(2, 4, n_in)), jnp.float32)
+    np.testing.assert_allclose(np.asarray(dense_dot_general(x3, w, (((2,), (0,)), ((), ())))),
+                               np.einsum("abi,io->abo", x3, w), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("n_in,n_out", [(7, 3), (3, 7)])
+def test_dense_dot_general_sums_replicated_weight_gradient_in_shard_map(n_in, n_out):
+    """Inside shard_map, a replicated weight's gradient is the sum over the devices' batch
+    shards, as autodiff of a plain matmul gives (8 fake CPU devices)."""
+    mesh = jax.make_mesh((8,), ("d",))
+    spec = jax.sharding.PartitionSpec
+    rng = np.random.default_rng(7)
+    x = jnp.asarray(rng.normal(size=(16, n_in)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(n_in, n_out)), jnp.float32)
+    dn = (((1,), (0,)), ((), ()))
+
+    def grads(dot):
+        f = lambda w, x: jax.grad(lambda w: jnp.sum(jnp.sin(dot(x, w, dn))))(w)  # noqa: E731
+        sharded = jax.shard_map(f, mesh=mesh, in_specs=(spec(), spec("d")), out_specs=spec())
+        return jax.jit(sharded)(w, jax.device_put(x, jax.NamedSharding(mesh, spec("d"))))
+
+    np.testing.assert_allclose(np.asarray(grads(dense_dot_general)),
+                               np.asarray(grads(jax.lax.dot_general)), rtol=RTOL, atol=ATOL)
+    single = jax.grad(lambda w: jnp.sum(jnp.sin(x @ w)))(w)
+    np.testing.assert_allclose(np.asarray(grads(dense_dot_general)), np.asarray(single),
+                               rtol=1e-5, atol=1e-5)

@@ -117,31 +117,53 @@ def _pair_tables(n: int, self_pairs: bool) -> tuple[np.ndarray, np.ndarray, np.n
     return (i * n + j).astype(np.int32), sym.reshape(-1), scale.reshape(-1)
 
 
+def _materialized_transpose(x: jax.Array, axes: tuple[int, ...]) -> jax.Array:
+    """``jnp.transpose(x, axes)`` written out as an array.
+
+    XLA folds a transpose into the dimension numbers of the dot that produces its operand or
+    consumes its result; optimization barriers on both sides keep it a real copy, so the dots
+    run in the layouts chosen here (see `_dot_interaction` and `dense_dot_general` for where
+    and why that is faster on XLA:CPU).
+    """
+    barrier = jax.lax.optimization_barrier
+    return barrier(jnp.transpose(barrier(x), axes))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _dot_interaction(vectors: jax.Array, self_pairs: bool) -> jax.Array:
-    b, n, _ = vectors.shape
-    flat, _, _ = _pair_tables(n, self_pairs)
-    z = jnp.einsum("bnd,bmd->bnm", vectors, vectors).reshape(b, n * n)
-    return jnp.take(z, flat, axis=1, mode="clip")
+    return _dot_interaction_fwd(vectors, self_pairs)[0]
 
 
 def _dot_interaction_fwd(vectors, self_pairs):
-    return _dot_interaction(vectors, self_pairs), vectors
+    """``Z = V V^T`` as ``V @ (V^T materialized)``: both operands of the batched product in
+    row-major [m, k] x [k, n] form. Left to itself XLA:CPU runs ``V V^T`` with the second
+    operand contracted along its rows, 1.2-1.4x slower for these 27 x 16 matrices; the
+    [B, 16, 27] transpose is also what the backward product reads, so it is the residual.
+    """
+    b, n, _ = vectors.shape
+    flat, _, _ = _pair_tables(n, self_pairs)
+    vt = _materialized_transpose(vectors, (0, 2, 1))  # [B, D, N]
+    z = jnp.einsum("bnd,bdm->bnm", vectors, vt).reshape(b, n * n)
+    return jnp.take(z, flat, axis=1, mode="clip"), vt
 
 
-def _dot_interaction_bwd(self_pairs, vectors, g):
+def _dot_interaction_bwd(self_pairs, vt, g):
     """dV = S V with S the symmetric [N, N] matrix of pair gradients (one batched matmul).
 
     out_p = <v_i, v_j> gives dv_i += g_p v_j and dv_j += g_p v_i, so dV_f = sum_g S_fg V_g with
     S_fg = S_gf = g_p (2 g_p on the diagonal). Autodiff of the gather instead emits a zero
     [B, N, N] buffer, a scatter-add and two batched matmuls (PERF_NOTES 4: measured ~1.2x on the
     whole DLRM step, scripts/bench.py).
+
+    The product is taken as ``dV^T = V^T S`` (S is symmetric) from the forward's materialized
+    ``V^T``, then transposed back: on XLA:CPU that [16, 27] x [27, 27] form and the transpose
+    together take ~0.7x the time of ``S V`` with its 16-wide output (2-core VM, fifth session).
     """
-    b, n, _ = vectors.shape
+    b, _, n = vt.shape
     _, sym, scale = _pair_tables(n, self_pairs)
     gz = jnp.concatenate([g, jnp.zeros((b, 1), g.dtype)], axis=1)
     s = (jnp.take(gz, sym, axis=1, mode="clip") * scale).reshape(b, n, n)
-    return (jnp.einsum("bfg,bgd->bfd", s, vectors),)
+    return (_materialized_transpose(jnp.einsum("bdg,bgf->bdf", vt, s), (0, 2, 1)),)
 
 
 _dot_interaction.defvjp(_dot_interaction_fwd, _dot_interaction_bwd)
@@ -170,6 +192,66 @@ def cross_layer(x0: jax.Array, x: jax.Array, w: jax.Array, b: jax.Array) -> jax.
     return x0 * (x @ w)[:, None] + b + x
 
 
+def varying_axes(x) -> frozenset:
+    """The mesh axes ``x`` (an array, tracer or its abstract value / shape struct) varies over
+    inside `jax.shard_map`; empty outside it."""
+    aval = jax.typeof(x) if isinstance(x, jax.Array) else x
+    return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+
+
+@jax.custom_vjp
+def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    return x @ w
+
+
+def _matmul_fwd(x, w):
+    return x @ w, (x, w)
+
+
+def _matmul_bwd(res, g):
+    """``dx = g w^T`` and ``dw = x^T g``, the latter computed so that its wider side is the
+    product's output columns.
+
+    Both weight-gradient forms contract the batch (row) dimension of both operands, which
+    XLA:CPU 0.10 does not route to its fast YNNPACK kernels. Its fallback is faster when the
+    output is wide: for a [512, 512] x [512, 256] layer slice ``(g^T x)^T`` runs at 1.15x
+    ``x^T g`` (transpose included), for 256 -> 64 at 1.5x, but 0.8x for 367 -> 512. So when
+    the layer narrows (out < in) ``g^T x`` is formed and transposed; elsewhere ``x^T g``.
+    Measured on the whole DLRM step at B=4096: 1.03-1.07x (docs/performance.md). On other
+    backends the cost is one transpose of a weight-sized matrix.
+
+    Inside `jax.shard_map`, a weight that does not vary over an axis the activations vary over
+    gets its gradient summed over that axis, as autodiff's transpose of the implicit cast
+    would do.
+    """
+    x, w = res
+    dx = g @ w.T
+    if w.shape[1] < w.shape[0]:
+        dw = _materialized_transpose(g.T @ x, (1, 0))
+    else:
+        dw = x.T @ g
+    axes = tuple(sorted(varying_axes(dw) - varying_axes(w)))
+    return dx, (jax.lax.psum(dw, axes) if axes else dw)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def dense_dot_general(x, kernel, dimension_numbers, precision=None,
+                      preferred_element_type=None) -> jax.Array:
+    """`jax.lax.dot_general` for `nn.Dense`, with the weight gradient of `_matmul_bwd` for the
+    plain [B, in] x [in, out] case (the MLPs of every model); anything else goes to
+    `jax.lax.dot_general` unchanged."""
+    plain = (x.ndim == 2 and kernel.ndim == 2 and precision is None
+             and preferred_element_type is None
+             and tuple(map(tuple, dimension_numbers[0])) == ((1,), (0,))
+             and not any(dimension_numbers[1]))
+    if plain:
+        return _matmul(x, kernel)
+    return jax.lax.dot_general(x, kernel, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type)
+
+
 class MLP(nn.Module):
     """A stack of Dense layers with ReLU between them.
 
@@ -189,7 +271,7 @@ class MLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         n = len(self.features)
         for i, width in enumerate(self.features):
-            x = nn.Dense(width, name=f"layer_{i}")(x)
+            x = nn.Dense(width, dot_general=dense_dot_general, name=f"layer_{i}")(x)
             if i < n - 1 or not self.last_linear:
                 x = nn.relu(x)
         return x

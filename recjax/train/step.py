@@ -21,6 +21,7 @@ import optax
 from recjax.batch import Batch
 from recjax.embeddings import EmbeddingLayout, SparseOptimizer, lookup, row_gradients
 from recjax.models import bce_loss
+from recjax.models.ops import varying_axes
 
 
 class TrainState(NamedTuple):
@@ -168,17 +169,12 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     return (loss, unsplit(logits)), (g_params, jax.tree.map(unsplit, grads))
 
 
-def _varying(aval) -> frozenset:
-    """The mesh axes a value varies over inside `jax.shard_map` (empty outside)."""
-    return getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-
-
 def _defer_psum(loss_of_params, params):
     """``(params', axes)``: each leaf cast to vary over the axes the loss varies over and it does
     not, and those axes (a tuple per leaf; () outside shard_map). The gradient w.r.t. params'
     summed with ``psum(g, axes)`` is the gradient w.r.t. params."""
-    loss_axes = _varying(jax.eval_shape(loss_of_params, params))
-    axes = jax.tree.map(lambda p: tuple(sorted(loss_axes - _varying(jax.typeof(p)))), params)
+    loss_axes = varying_axes(jax.eval_shape(loss_of_params, params))
+    axes = jax.tree.map(lambda p: tuple(sorted(loss_axes - varying_axes(p))), params)
     cast = lambda p, ax: jax.lax.pcast(p, ax, to="varying") if ax else p  # noqa: E731
     return jax.tree.map(cast, params, axes), axes
 
