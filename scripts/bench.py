@@ -35,6 +35,7 @@ from recjax.concurrency import Prefetcher  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
 from recjax.models.config import MODEL_NAMES  # noqa: E402
+from recjax.models.ops import dense_dot_general  # noqa: E402
 from recjax.runlog import write_json_atomic  # noqa: E402
 from recjax.train.data import data_workers  # noqa: E402
 from recjax.train.setup import build  # noqa: E402
@@ -107,6 +108,11 @@ def interleaved(runners: dict, steps: int, batch: int, repeats: int) -> dict:
 ROOFLINE = "peak fp32 GEMM, a step's FLOPs (roofline)"
 
 
+def _recjax_matmul(x, w):
+    """``x @ w`` as recjax's MLP layers compute it and its gradients (`dense_dot_general`)."""
+    return dense_dot_general(x, w, (((1,), (0,)), ((), ())))
+
+
 def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
     cfg = configs.dlrm_kaggle()
     b = cfg.train.batch_size
@@ -126,7 +132,7 @@ def headline(repeats: int, steps: int, peers: bool) -> list[dict]:
         # not a DLRM step: its GEMMs alone, the ceiling GEMM throughput puts on any step
         "MLP GEMMs only (ceiling)": bench_dlrm.make_gemm_ceiling(
             cfg.synthetic.n_dense, len(cfg.synthetic.cardinalities), cfg.model.embed_dim,
-            cfg.model.bottom_mlp, cfg.model.top_mlp, b, b // mb),
+            cfg.model.bottom_mlp, cfg.model.top_mlp, b, b // mb, matmul=_recjax_matmul),
         # not a DLRM step: one big GEMM with a step's FLOPs, the roofline measured in this run
         ROOFLINE: bench_dlrm.make_peak_gemm(b, flops),
     }

@@ -68,11 +68,12 @@ def flops_per_example(n_dense: int, n_fields: int, dim: int, bottom, top) -> flo
 
 
 def make_gemm_ceiling(n_dense: int, n_fields: int, dim: int, bottom, top, batch: int,
-                      rows: int):
+                      rows: int, matmul=jnp.matmul):
     """``run(n)``: only the MLPs' matrix products, forward and backward (with the ReLUs), of
     ``batch`` examples in ``rows``-row slices: no embeddings, interaction, loss or optimizer.
     What a DLRM step costs if everything but its GEMMs were free; its rate is the ceiling
-    that GEMM throughput puts on any implementation on this machine."""
+    that GEMM throughput puts on any implementation on this machine that computes the products
+    as ``matmul`` and its autodiff do (scripts/bench.py passes recjax's)."""
     n_vec = n_fields + 1
     sizes = [[n_dense, *bottom, dim], [dim + n_vec * (n_vec - 1) // 2, *top, 1]]
     shapes = [(a, b) for s in sizes for a, b in zip(s[:-1], s[1:])]
@@ -80,7 +81,7 @@ def make_gemm_ceiling(n_dense: int, n_fields: int, dim: int, bottom, top, batch:
     xs = [jnp.ones((rows, a), jnp.float32) for a, _ in shapes]
 
     def products(ws, xs):
-        return sum(jnp.sum(jax.nn.relu(x @ w)) for w, x in zip(ws, xs))
+        return sum(jnp.sum(jax.nn.relu(matmul(x, w))) for w, x in zip(ws, xs))
 
     grad = jax.jit(jax.grad(products, argnums=(0, 1)))
     slices = max(batch // rows, 1)
