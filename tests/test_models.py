@@ -309,7 +309,7 @@ def test_dot_interaction_gradient_against_autodiff(self_pairs):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.parametrize("n_in,n_out", [(7, 3), (3, 7), (5, 5)])  # narrowing, widening, square
+@pytest.mark.parametrize("n_in,n_out", [(7, 3), (3, 7), (5, 5)])  # halving, widening, square
 def test_dense_dot_general_matches_plain_matmul(n_in, n_out):
     """Both weight-gradient orientations of `dense_dot_general` give x^T g and g w^T."""
     rng = np.random.default_rng(6)

@@ -209,14 +209,15 @@ def _matmul_fwd(x, w):
 
 
 def _matmul_bwd(res, g):
-    """``dx = g w^T`` and ``dw = x^T g``, the latter computed so that its wider side is the
-    product's output columns.
+    """``dx = g w^T`` and ``dw = x^T g``, the latter as ``(g^T x)^T`` when the layer at least
+    halves its width.
 
     Both weight-gradient forms contract the batch (row) dimension of both operands, which
     XLA:CPU 0.10 does not route to its fast YNNPACK kernels. Its fallback is faster when the
-    output is wide: for a [512, 512] x [512, 256] layer slice ``(g^T x)^T`` runs at 1.15x
-    ``x^T g`` (transpose included), for 256 -> 64 at 1.5x, but 0.8x for 367 -> 512. So when
-    the layer narrows (out < in) ``g^T x`` is formed and transposed; elsewhere ``x^T g``.
+    output is wide: for a 512-row slice of a 512 -> 256 layer ``(g^T x)^T`` runs at 1.05-1.15x
+    ``x^T g`` (transpose included), 256 -> 64 at 1.1-1.5x, 400 -> 1 at 6x; but 0.9x for the
+    near-square 429 -> 400 of the deep towers and 0.8x for 367 -> 512. So when out <= in / 2
+    ``g^T x`` is formed and transposed; elsewhere ``x^T g``.
     Measured on the whole DLRM step at B=4096: 1.03-1.07x (docs/performance.md). On other
     backends the cost is one transpose of a weight-sized matrix.
 
@@ -226,7 +227,7 @@ def _matmul_bwd(res, g):
     """
     x, w = res
     dx = g @ w.T
-    if w.shape[1] < w.shape[0]:
+    if 2 * w.shape[1] <= w.shape[0]:
         dw = _materialized_transpose(g.T @ x, (1, 0))
     else:
         dw = x.T @ g
