@@ -26,14 +26,7 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from algorithms.sync import (
-    SyncStrategy,
-    abstract_batch,
-    batch_specs,
-    feature_spec,
-    global_metrics,
-    run_spmd,
-)
+from algorithms.sync import SyncStrategy
 from recjax.batch import Batch
 from recjax.config import Config
 from recjax.embeddings import lookup, row_gradients
@@ -42,6 +35,7 @@ from recjax.models import embedding_groups
 from recjax.train.setup import make_model
 from recjax.train.step import TrainState, apply_dense, loss_and_grads, step_metrics
 from sharding import arrays, comm, des, embedding, mesh
+from sharding.spmd import abstract_batch, batch_specs, feature_spec, global_metrics, run_spmd
 
 AXES = ("data", "field")
 IDS = P("data", "field")

@@ -16,11 +16,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from algorithms.des import IDS, DesSetup, DesStrategy
-from algorithms.sync import batch_specs
 from recjax.embeddings import lookup
 from recjax.train.step import resolve_microbatches
 from sharding import des
 from sharding.mesh import make_mesh
+from sharding.spmd import batch_specs
 from tests.test_sharding_helpers import (
     MULTI_HOT,
     ONE_HOT,

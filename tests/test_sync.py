@@ -66,7 +66,7 @@ def test_lookup_rank_coded_exact(kind, mesh):
     specs = strat.specs.tables
     from jax.sharding import PartitionSpec as P
 
-    from algorithms.sync import batch_specs
+    from sharding.spmd import batch_specs
 
     got = jax.jit(jax.shard_map(
         lambda t, b: embedding.sharded_lookup(plan, t, b.ids, b.mask), mesh=mesh_,
@@ -140,8 +140,8 @@ def test_owner_routing(factor, over, mesh):
     step takes the masked path. Both train like the reference (mean pooling, Adagrad)."""
     from jax.sharding import PartitionSpec as P
 
-    from algorithms.sync import batch_specs
     from sharding import routing
+    from sharding.spmd import batch_specs
 
     strat, (model, _, _), state, *_ = _strategy("deepfm", mesh, MIXED_1D, MULTI_HOT, sparse="sgd",
                                                route=factor)
