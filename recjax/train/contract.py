@@ -1,0 +1,235 @@
+"""The run contract every trainer shares (DESIGN.md section 4, "One run contract").
+
+The single-device trainer (`recjax.train.loop`), the SPMD algorithms (through it) and the
+host-async engine (``algorithms/runtime/engine.py``) all go through these functions, so that a
+run directory means the same thing whichever algorithm wrote it:
+
+* `open_run`: the ``--out`` policy (a fresh run refuses a directory that already holds
+  checkpoints; ``--resume`` restores the latest one and refuses a config that would change the
+  trajectory, naming each key) and the Train-NE sums and timings carried across segments;
+* `Progress`: what a checkpoint carries besides the state (whole-run Train NE, timings);
+* `evaluate` / `write_predictions`: the eval pass and predictions.csv;
+* `build_summary` / `write_summary`: summary.json, with the same fields for every algorithm
+  plus the algorithm's own counters.
+
+``TrainState.step`` counts global steps everywhere: examples consumed = ``step x
+train.batch_size``, so any algorithm's checkpoint starts any other (GBA's sync <-> async
+switch, Su et al. 2022 Sec. 4.1, is a hand-over through one checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Any
+
+import jax
+import numpy as np
+
+from recjax import metrics
+from recjax.checkpoint import Checkpointer
+from recjax.config import Config
+from recjax.data.pipeline import batches
+from recjax.data.synthetic import SyntheticSource
+from recjax.metrics.logloss import sigmoid
+from recjax.runlog import write_json_atomic
+from recjax.train.data import RunData
+from recjax.train.setup import count_params
+from recjax.train.step import StepMetrics, TrainState
+
+# Config keys that may change between a checkpoint and its resumption: they do not alter the
+# trajectory (how long to train, what to write, how often). Everything else must match.
+RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume", "train.log_every",
+                     "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.progress",
+                     "train.save_predictions", "train.tensorboard", "train.stop_after",
+                     "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
+                     "data.cache_rows", "data.eval", "data.holdout", "data.split_seed"}
+
+# Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
+# single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
+HANDOVER_SECTIONS = ("spmd", "runtime", "shadowsync", "gba")
+RESUMABLE_CHANGES |= {"train.algo", "train.devices", "train.deterministic"}
+
+
+def check_resumable(saved: dict, now: dict) -> None:
+    """Refuse to resume a checkpoint under a config that would change its trajectory."""
+    diffs = [f"{sec}.{k}: checkpoint {saved[sec].get(k)!r}, now {v!r}"
+             for sec, fields in now.items() if sec in saved and sec not in HANDOVER_SECTIONS
+             for k, v in fields.items()
+             if f"{sec}.{k}" not in RESUMABLE_CHANGES and saved[sec].get(k) != v]
+    if diffs:
+        raise ValueError("cannot --resume: the run's config differs from its checkpoint's in "
+                         + "; ".join(diffs) + ". Resume with the original settings, or start "
+                         "a new run in another --out")
+
+
+class Progress:
+    """Train-NE sums and timings of a run, carried across --resume in the checkpoint metadata.
+
+    Attributes:
+      totals: StepMetrics sums over every step so far (Train NE of the whole run).
+      timed_steps: steps counted in the throughput (each segment's compile step excluded).
+      train_seconds: time of those steps, without in-loop evals and checkpoints.
+      wall_seconds: wall time of earlier segments (a resumed run adds its own).
+    """
+
+    def __init__(self, saved: dict | None = None):
+        saved = saved or {}
+        self.totals = saved.get("totals", dict.fromkeys(StepMetrics._fields, 0.0))
+        self.timed_steps = saved.get("timed_steps", 0)
+        self.train_seconds = saved.get("train_seconds", 0.0)
+        self.wall_seconds = saved.get("wall_seconds", 0.0)
+
+    def add(self, s: dict) -> None:
+        for k in StepMetrics._fields:
+            self.totals[k] += s[k]
+
+    def as_dict(self, wall_now: float) -> dict:
+        return {"totals": self.totals, "timed_steps": self.timed_steps,
+                "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now}
+
+
+def sum_metrics(ms: list[StepMetrics]) -> dict:
+    """StepMetrics sums over `ms` (fetched from the device), plus the last step's loss."""
+    host = jax.device_get(ms)
+    s = {k: float(sum(getattr(m, k) for m in host)) for k in StepMetrics._fields}
+    s["loss"] = float(host[-1].loss)
+    return s
+
+
+def ne_from_sums(s: dict) -> float:
+    """NE (ShadowSync Eq. 2) from StepMetrics sums: mean log loss / entropy of the mean label."""
+    ctr = s["label_sum"] / max(s["count"], 1.0)
+    h = metrics.binary_entropy(ctr)
+    return s["logloss_sum"] / max(s["count"], 1.0) / h if h > 0 else float("nan")
+
+
+def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
+             ) -> tuple[Checkpointer | None, TrainState, Progress]:
+    """The ``--out`` and resume policy: ``(checkpointer or None, start state, progress)``.
+
+    Args:
+      cfg: the run's config.
+      state: the freshly built initial state (its structure is what a checkpoint must match).
+      checkpoints: keep checkpoints under ``--out`` (False: a multi-process run's process 0).
+
+    Raises:
+      ValueError: a fresh run into an ``--out`` that holds checkpoints, or a resume whose
+        config differs from the checkpoint's in a key that changes the trajectory.
+    """
+    tc = cfg.train
+    ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts)
+            if tc.out and checkpoints else None)
+    if tc.resume:
+        state, meta = ckpt.restore(state)
+        # compare as JSON sees them (tuples were saved as lists)
+        check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+        return ckpt, state, Progress(meta.get("progress"))
+    if ckpt and ckpt.latest_step() is not None:
+        latest = ckpt.latest_step()
+        ckpt.close()
+        raise ValueError(f"{ckpt.directory} already holds checkpoints of a run (latest step "
+                         f"{latest}); pass --resume to continue it, or use another --out (or "
+                         "delete that directory)")
+    return ckpt, state, Progress()
+
+
+def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
+         wall_now: float, **meta: Any) -> None:
+    """Checkpoint `state` at its step with the config and the run's progress."""
+    ckpt.save(int(state.step), state, {"config": cfg.to_dict(),
+                                       "progress": progress.as_dict(wall_now), **meta})
+
+
+def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:
+    """Eval metrics over the whole eval set in input order, and (labels, probs) if asked."""
+    exact = data.eval_rows <= 20_000_000
+    rm = metrics.RunningMetrics(keep_predictions=exact)
+    preds = [] if cfg.train.save_predictions else None
+    stream = batches(data.eval, cfg.train.eval_batch_size, seed=cfg.train.seed, epoch=0,
+                     shuffle_buffer=0, drop_remainder=False, keep=data.keep_eval)
+    for batch, n in stream:
+        logits = np.asarray(predict(params, tables, batch))[:n]
+        rm.update(batch.label[:n], logits)
+        if preds is not None:
+            preds.append(np.stack([batch.label[:n], sigmoid(logits)], 1))
+    out = rm.result()
+    return out, (np.concatenate(preds) if preds is not None else None)
+
+
+def write_predictions(path: str, preds: np.ndarray) -> None:
+    """predictions.csv: `label,prob` rows in eval input order, written to a temp file then renamed."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("label,prob\n")
+        np.savetxt(f, preds, fmt=["%d", "%.7g"], delimiter=",")
+    os.replace(tmp, path)
+
+
+def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progress,
+                  ev: dict, *, start_step: int, wall_seconds: float, train_seconds: float,
+                  timed_steps: int, clock: str = "wall", last_loss: float | None = None,
+                  extra: dict | None = None) -> dict:
+    """summary.json: the fields every algorithm reports, then the algorithm's own `extra`.
+
+    Args:
+      state: the final state in the single-device layout.
+      progress: the whole run's Train-NE sums (earlier segments included).
+      ev: `evaluate`'s metrics of the final model.
+      start_step: the step this segment started at (0, or the resumed checkpoint's).
+      wall_seconds: wall time of the whole run (earlier segments included).
+      train_seconds, timed_steps: the steps the throughput is measured over and their time.
+      clock: "wall", or "virtual" when train_seconds are the virtual clock's (host-async
+        ``--deterministic`` runs): examples_per_sec is then a modelled rate.
+      last_loss: the last step's loss.
+      extra: the algorithm's counters (sync gap, staleness, bytes, ...).
+    """
+    tc = cfg.train
+    step = int(state.step)
+    steps_per_epoch = max(data.train_rows // tc.batch_size, 1)
+    warnings = []
+    if not np.isfinite(ev["auc"]):
+        warnings.append(f"eval AUC/NE are undefined: the eval set ({ev['examples']} examples) "
+                        f"has a single class (CTR {ev['ctr']}); use a larger eval set")
+    summary = {
+        "algorithm": tc.algo, "model": cfg.model.name, "dataset": cfg.data.train,
+        "eval_dataset": data.eval_desc,
+        "examples": step * tc.batch_size, "steps": step, "epochs": step / steps_per_epoch,
+        "batch_size": tc.batch_size, "wall_seconds": wall_seconds, "clock": clock,
+        "train_seconds": train_seconds,
+        "examples_per_sec": timed_steps * tc.batch_size / train_seconds if train_seconds > 0 else None,
+        "train_ne": ne_from_sums(progress.totals) if progress.totals["count"] else None,
+        "train_examples_scored": progress.totals["count"],
+        "train_loss_last": last_loss,
+        "eval_auc": ev["auc"], "eval_auc_error_bound": ev["auc_error_bound"],
+        "eval_logloss": ev["logloss"], "eval_ne": ev["ne"], "eval_calibration": ev["calibration"],
+        "eval_examples": ev["examples"], "eval_ctr": ev["ctr"],
+        "train_examples_per_epoch": data.train_rows,
+        "data_stats": {"train": data.train.stats.as_dict(), "eval": data.eval.stats.as_dict()},
+        **count_params(state),
+        "resumed_from_step": start_step if tc.resume else None,
+        "deterministic": tc.deterministic,
+        "warnings": warnings,
+        "hardware": {"platform": jax.default_backend(), "devices": jax.device_count(),
+                     "device_kind": jax.devices()[0].device_kind, "cpu": platform.processor(),
+                     "cores": os.cpu_count(), "jax": jax.__version__},
+        **(extra or {}),
+        "config": cfg.to_dict(),
+    }
+    for w in warnings:
+        print(f"warning: {w}")
+    if isinstance(data.eval, SyntheticSource) and cfg.synthetic.teacher:
+        bayes = data.eval.bayes_optimal()
+        summary.update(bayes_eval_ne=bayes["ne"], bayes_eval_auc=bayes["auc"],
+                       eval_ne_gap_to_bayes=ev["ne"] - bayes["ne"])
+    return summary
+
+
+def write_summary(cfg: Config, summary: dict, preds: np.ndarray | None) -> None:
+    """summary.json (atomically) and predictions.csv under ``--out``; nothing without one."""
+    if not cfg.train.out:
+        return
+    write_json_atomic(os.path.join(cfg.train.out, "summary.json"), summary)
+    if preds is not None:
+        write_predictions(os.path.join(cfg.train.out, "predictions.csv"), preds)
