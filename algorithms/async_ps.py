@@ -16,31 +16,35 @@ tests/test_async_ps.py checks it.
 
 from __future__ import annotations
 
-from algorithms.clock import RoleSpec, Work
-from algorithms.ps import DensePS
-from algorithms.runtime import Runtime, Worker
+from algorithms.runtime import RoleSpec, Runtime, Work, Worker
+from algorithms.runtime.ps import DensePS
 from recjax.config import Config
 
 
 def worker_role(rt: Runtime, worker: Worker, server: DensePS):
-    """Pull, compute, push (the PS applies it at once), `quota` times."""
+    """Pull, compute, push (the PS applies it at once), until the worker's shard is done."""
     p = rt.dense_bytes
-    for it in range(worker.quota):
+    it = 0
+    while (item := worker.take()) is not None:
         params, version = server.pull()
-        g_params, pending, work = worker.compute(params, it)
+        g_params, pending, work = worker.compute(params, item, it)
         yield Work(work.seconds, work.factor, work.transfers + ((rt.dense_link, 2 * p),))
         worker.push(pending)
         server.push(g_params, version)
+        it += 1
 
 
 def run(cfg: Config) -> dict:
     """``--algo async``: train, evaluate, return (and write) the summary."""
-    rt = Runtime(cfg)
+    rc = cfg.runtime
+    rt = Runtime(cfg, rc.trainers * rc.workers_per_trainer)
     s0 = rt.init_state
     server = DensePS(s0.params, s0.opt_state, rt.dense_apply)
-    workers = [rt.worker(w) for w in range(rt.num_workers)]
+    supply = rt.static_shards()
+    workers = [rt.worker(w, supply) for w in range(rt.num_workers)]
     roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
-    sched = rt.execute(roles, workers, snapshot=lambda: (server.params, server.opt_state))
+    sched = rt.execute(roles, supply, workers=workers, snapshot=lambda: (
+        *server.snapshot(), rt.start_step + server.version))
     hist = dict(sorted(server.staleness.items()))
     n = sum(hist.values())
     extra = {"staleness_histogram": {str(k): v for k, v in hist.items()},

@@ -21,14 +21,13 @@ per trainer), syncs/sec, bytes moved by syncs and by the embedding PS.
 from __future__ import annotations
 
 from algorithms import sync_rules
-from algorithms.clock import Collective, Rendezvous, RoleSpec, Work
-from algorithms.ps import SyncPS
-from algorithms.runtime import Counters, Replica, Runtime, Worker
+from algorithms.runtime import Collective, Counters, Rendezvous, Replica, RoleSpec, Runtime, Work, Worker
+from algorithms.runtime.ps import SyncPS
 from recjax.config import Config
 
 
 def make_rule(cfg: Config) -> sync_rules.SyncRule:
-    rc = cfg.runtime
+    rc = cfg.shadowsync
     return sync_rules.SyncRule(rc.sync, rc.alpha, rc.bmuf_lr, rc.bmuf_momentum, rc.nesterov)
 
 
@@ -49,7 +48,7 @@ class Syncer:
         p = self.rt.dense_bytes
         if self.rule.name == "easgd":  # send w_i, receive wPS: 2P bytes on the shared PS link
             yield Work(transfers=((self.rt.dense_link, 2 * p),))
-            self.server.exchange(self.replica)
+            self.replica.params = self.server.exchange(self.replica.params)
             self.counters.sync_bytes += 2 * p
         else:  # ring all-reduce: 2 (n-1)/n P bytes per party over its own link
             n = self.group.n
@@ -75,12 +74,14 @@ def shadow_role(syncer: Syncer, pause: float):
 def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | None, k: int):
     """A Hogwild worker thread; with a `syncer` it syncs every `k` of its iterations (FR)."""
     try:
-        for it in range(worker.quota):
-            g_params, pending, work = worker.compute(replica.params, it)
+        it = 0
+        while (item := worker.take()) is not None:
+            g_params, pending, work = worker.compute(replica.params, item, it)
             yield work
             worker.push(pending)
             replica.apply(rt.dense_apply, g_params)
-            if syncer is not None and (it + 1) % k == 0:
+            it += 1
+            if syncer is not None and it % k == 0:  # after iterations k, 2k, ... (not at 0)
                 yield from syncer.step()
     finally:
         if syncer is not None and syncer.group is not None:
@@ -90,14 +91,10 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
     rule = make_rule(cfg)
-    rc = cfg.runtime
-    if rc.return_model not in ("first", "average"):
-        raise ValueError(f"runtime.return_model must be first or average, got {rc.return_model!r}")
+    rc, sc = cfg.runtime, cfg.shadowsync
     foreground = cfg.train.algo == "fr"
-    if foreground and rc.sync_gap < 1:
-        raise ValueError(f"--sync-gap must be >= 1, got {rc.sync_gap}")
-    rt = Runtime(cfg)
     n, m = rc.trainers, rc.workers_per_trainer
+    rt = Runtime(cfg, n * m)
     s0 = rt.init_state
     replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
     server = SyncPS(s0.params, rule.exchange) if rule.name == "easgd" else None
@@ -110,7 +107,8 @@ def run(cfg: Config) -> dict:
     def group():
         return Rendezvous(n, rule.mean) if rule.collective else None
 
-    workers = [rt.worker(w) for w in range(n * m)]
+    supply = rt.static_shards()
+    workers = [rt.worker(w, supply) for w in range(n * m)]
     sync_counters = [Counters() for _ in range(n)]
     roles = []
     fr_groups = [group() for _ in range(m)]  # FR: worker j of every trainer all-reduce together
@@ -121,33 +119,36 @@ def run(cfg: Config) -> dict:
             if foreground and rule.name != "none":
                 syncer = Syncer(rt, rule, replicas[i], i, server, fr_groups[j], w.counters)
             roles.append(RoleSpec(f"t{i}-worker{j}", worker_role(rt, w, replicas[i], syncer,
-                                                                 rc.sync_gap)))
+                                                                 sc.sync_gap)))
     if not foreground and rule.name != "none":
         shadow_group = group()
         for i in range(n):
             syncer = Syncer(rt, rule, replicas[i], i, server, shadow_group, sync_counters[i])
-            roles.append(RoleSpec(f"t{i}-shadow", shadow_role(syncer, rc.shadow_interval_ms * 1e-3),
+            roles.append(RoleSpec(f"t{i}-shadow", shadow_role(syncer, sc.shadow_interval_ms * 1e-3),
                                   foreground=False))
 
     def result():
-        if rc.return_model == "first":
+        if sc.return_model == "first":
             return replicas[0].params, replicas[0].opt_state
         return sync_rules.tree_mean([r.params for r in replicas]), replicas[0].opt_state
 
-    sched = rt.execute(roles, workers, snapshot=result)
+    def snapshot():
+        return (*result(), rt.start_step + sum(w.counters.iterations for w in workers))
+
+    sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot)
     counters = sync_counters + [w.counters for w in workers]
     syncs = sum(c.syncs for c in counters)
     iters = sum(w.counters.iterations for w in workers)
     secs = max(sched.seconds, 1e-12)
     extra = {
         "sync_rule": rule.name, "alpha": rule.alpha, "sync_mode": "fr" if foreground else "shadow",
-        "sync_gap_k": rc.sync_gap if foreground else None,
+        "sync_gap_k": sc.sync_gap if foreground else None,
         "syncs": syncs, "syncs_per_sec": syncs / n / secs,
         "iterations_per_sec": iters / n / secs,
         # Sec. 4.1.1: average sync gap = (iterations/sec) / (syncs/sec), per trainer.
         "avg_sync_gap": (iters / syncs) if syncs else None,
         "sync_bytes": sum(c.sync_bytes for c in counters),
-        "return_model": rc.return_model,
+        "return_model": sc.return_model,
     }
     params, opt_state = result()
     return rt.finish(params, opt_state, sched, workers, extra)

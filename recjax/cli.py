@@ -15,8 +15,8 @@ FLAGS = {
     "epochs": "train.epochs", "steps": "train.steps", "batch_size": "train.batch_size",
     "seed": "train.seed", "out": "train.out", "devices": "train.devices",
     "mesh": "spmd.mesh", "trainers": "runtime.trainers",
-    "workers_per_trainer": "runtime.workers_per_trainer", "sync": "runtime.sync",
-    "sync_gap": "runtime.sync_gap", "stragglers": "runtime.stragglers",
+    "workers_per_trainer": "runtime.workers_per_trainer", "sync": "shadowsync.sync",
+    "sync_gap": "shadowsync.sync_gap", "stragglers": "runtime.stragglers",
 }
 SWITCHES = {
     "save_predictions": "train.save_predictions", "deterministic": "train.deterministic",
@@ -32,7 +32,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                "(see --help-config for all of them with their current values).")
     p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
-    p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr")
+    p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr | gba")
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
                                   "movielens:PATH | taobao:PATH | synthetic[:NAME]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")

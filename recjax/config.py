@@ -1,8 +1,10 @@
 """Run configuration: frozen dataclass sections, named configs, and `--section.field=value`.
 
 A `Config` holds one frozen dataclass per section (``data``, ``synthetic``, ``model``, ``embed``,
-``dense``, ``sparse``, ``train``). Overrides are type-checked against the field's annotation and
-unknown keys are refused with the closest valid names (nanoGPT's configurator, made strict).
+``dense``, ``sparse``, ``train``, ``spmd``, and the host-async engine's ``runtime`` beside each
+host-async algorithm's own ``shadowsync``, ``gba``). Overrides are type-checked against the
+field's annotation and unknown keys are refused with the closest valid names (nanoGPT's
+configurator, made strict).
 """
 
 from __future__ import annotations
@@ -152,27 +154,18 @@ class SpmdConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    """Host-async runtime (async PS, ShadowSync, later GBA and Persia); algorithms/runtime.py.
+    """The host-async engine (algorithms/runtime/): topology, PS, stragglers, modelled costs.
 
     Attributes:
-      trainers: n trainers (dense replicas).
+      trainers: n trainers (dense replicas) of the Hogwild algorithms (async, shadow, fr).
       workers_per_trainer: m Hogwild worker threads per trainer.
       ps_shards: S embedding parameter-server shards.
       placement: embedding shard placement: mod | binpack (ShadowSync Sec. 3.1).
-      sync: sync rule: easgd | ma | bmuf.
-      alpha: elastic / averaging weight a of the sync rules.
-      sync_gap: k, iterations between foreground syncs (FR-variants).
-      bmuf_lr: BMUF block learning rate eta.
-      bmuf_momentum: BMUF block momentum.
-      nesterov: BMUF Nesterov momentum.
-      return_model: which dense replica is the result: first (paper) | average.
       stragglers: straggler model, e.g. none | lognormal:sigma=0.5 | slow:k=2,factor=4.
-      bandwidth_gbps: virtual-clock bandwidth of a PS link.
-      sync_bandwidth_gbps: bandwidth of the dense links (sync PS, all-reduce, async dense PS);
+      bandwidth_gbps: bandwidth of a PS link (virtual clock; threads with emulate_links).
+      sync_bandwidth_gbps: bandwidth of the dense links (sync PS, all-reduce, dense PS);
         0 = bandwidth_gbps.
       example_cost_us: virtual-clock compute time of one training example (before straggling).
-      shadow_interval_ms: pause between two syncs of a shadow thread (0 = back to back); it
-        stands for the sync's network round trip and leaves CPU to the workers on small hosts.
       profile_batches: warm-up batches profiled for bin-packing placement (ShadowSync Sec. 3.1).
       emulate_links: threaded mode also holds each PS link for bytes / bandwidth (as the
         virtual clock does), so communication costs wall time on a single host.
@@ -182,6 +175,42 @@ class RuntimeConfig:
     workers_per_trainer: int = 2
     ps_shards: int = 2
     placement: str = "mod"
+    stragglers: str = "none"
+    bandwidth_gbps: float = 10.0
+    sync_bandwidth_gbps: float = 0.0
+    example_cost_us: float = 20.0
+    profile_batches: int = 20
+    emulate_links: bool = True
+
+    def __post_init__(self):
+        for name in ("trainers", "workers_per_trainer", "ps_shards", "profile_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"runtime.{name} must be >= 1, got {getattr(self, name)}")
+        if self.placement not in ("mod", "binpack"):
+            raise ValueError(f"runtime.placement must be mod or binpack, got {self.placement!r}")
+        if self.bandwidth_gbps <= 0 or self.sync_bandwidth_gbps < 0:
+            raise ValueError("runtime.bandwidth_gbps must be > 0 and runtime.sync_bandwidth_gbps "
+                             ">= 0 (0 = bandwidth_gbps)")
+        if self.example_cost_us < 0:
+            raise ValueError(f"runtime.example_cost_us must be >= 0, got {self.example_cost_us}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShadowSyncConfig:
+    """ShadowSync and its foreground baselines (algorithms/shadowsync.py; Zheng et al. 2020).
+
+    Attributes:
+      sync: sync rule: easgd | ma | bmuf | none.
+      alpha: elastic / averaging weight a of the sync rules (Alg. 2-4).
+      sync_gap: k, iterations between foreground syncs (FR-variants).
+      bmuf_lr: BMUF block learning rate eta.
+      bmuf_momentum: BMUF block momentum.
+      nesterov: BMUF Nesterov momentum.
+      return_model: which dense replica is the result: first (paper) | average.
+      shadow_interval_ms: pause between two syncs of a shadow thread (0 = back to back); it
+        stands for the sync's network round trip and leaves CPU to the workers on small hosts.
+    """
+
     sync: str = "easgd"
     alpha: float = 0.5
     sync_gap: int = 10
@@ -189,13 +218,79 @@ class RuntimeConfig:
     bmuf_momentum: float = 0.0
     nesterov: bool = False
     return_model: str = "first"
-    stragglers: str = "none"
-    bandwidth_gbps: float = 10.0
-    sync_bandwidth_gbps: float = 0.0
-    example_cost_us: float = 20.0
     shadow_interval_ms: float = 5.0
-    profile_batches: int = 20
-    emulate_links: bool = True
+
+    def __post_init__(self):
+        if self.sync not in ("easgd", "ma", "bmuf", "none"):
+            raise ValueError(f"shadowsync.sync must be easgd, ma, bmuf or none, got {self.sync!r}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"shadowsync.alpha must be in [0, 1], got {self.alpha}")
+        if self.sync_gap < 1:
+            raise ValueError(f"--sync-gap (shadowsync.sync_gap) must be >= 1, got {self.sync_gap}")
+        if self.return_model not in ("first", "average"):
+            raise ValueError(f"shadowsync.return_model must be first or average, got "
+                             f"{self.return_model!r}")
+        if self.shadow_interval_ms < 0:
+            raise ValueError(f"shadowsync.shadow_interval_ms must be >= 0, got "
+                             f"{self.shadow_interval_ms}")
+
+
+GBA_MODES = ("gba", "sync", "async", "hop_bs", "bsp", "hop_bw")
+
+
+@dataclasses.dataclass(frozen=True)
+class GbaConfig:
+    """GBA and its baselines on one PS (algorithms/gba.py; Su et al., NeurIPS 2022, Sec. 4-5).
+
+    ``train.batch_size`` is the global batch (``B_s x N_s`` of the sync run it continues);
+    every worker trains on local batches of ``local_batch_size`` (B_a) rows.
+
+    Attributes:
+      mode: gba | sync | async | hop_bs | bsp | hop_bw (Sec. 5.1).
+      workers: N_a worker roles; 0 = M (the paper's choice, Sec. 4.1).
+      local_batch_size: B_a; 0 = train.batch_size / workers (or / 4 when workers is 0).
+      buffer: M, gradients aggregated per global step; 0 = train.batch_size / B_a, which keeps
+        the global batch of the sync run (Sec. 4.1: M = B_s N_s / B_a).
+      iota: staleness threshold of Eq. 1: a gradient with k - token > iota is dropped.
+      b1: hop_bs: the fastest worker may be at most b1 global steps ahead of the slowest.
+      b2: bsp: gradients aggregated per update, regardless of version (0 = workers).
+      b3: hop_bw: backup workers; each update waits for workers - b3 gradients and drops the
+        b3 slowest of that round.
+      embedding_mean: an embedding row's aggregated gradient is the sum over the kept
+        gradients that touched it divided by: touched = how many touched it (App. B, Alg. 2
+        l. 23) | buffer = the gradients aggregated (the mean loss over the global batch, as
+        sync training computes it).
+      embedding_staleness: which staleness drops an embedding row's gradient: id = the global
+        step at which the row was last updated minus the token (App. B, Alg. 2 l. 19-22) |
+        token = k - token, as for the dense part (Eq. 1).
+      dense_mean: the dense gradients' sum is divided by: buffer = M, dropped ones included
+        (App. B, Alg. 2 l. 22) | kept = the gradients kept.
+    """
+
+    mode: str = "gba"
+    workers: int = 0
+    local_batch_size: int = 0
+    buffer: int = 0
+    iota: int = 3
+    b1: int = 2
+    b2: int = 0
+    b3: int = 1
+    embedding_mean: str = "touched"
+    embedding_staleness: str = "id"
+    dense_mean: str = "buffer"
+
+    def __post_init__(self):
+        if self.mode not in GBA_MODES:
+            raise ValueError(f"gba.mode must be one of {', '.join(GBA_MODES)}, got {self.mode!r}")
+        for name in ("workers", "local_batch_size", "buffer", "iota", "b1", "b2", "b3"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"gba.{name} must be >= 0, got {getattr(self, name)}")
+        choices = {"embedding_mean": ("touched", "buffer"), "embedding_staleness": ("id", "token"),
+                   "dense_mean": ("buffer", "kept")}
+        for name, ok in choices.items():
+            if getattr(self, name) not in ok:
+                raise ValueError(f"gba.{name} must be {' or '.join(ok)}, got "
+                                 f"{getattr(self, name)!r}")
 
 
 # Every algorithm name the CLI knows; scripts/train.py says which are implemented.
@@ -283,6 +378,8 @@ class Config:
     train: TrainConfig = TrainConfig()
     spmd: SpmdConfig = SpmdConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    shadowsync: ShadowSyncConfig = ShadowSyncConfig()
+    gba: GbaConfig = GbaConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -16,9 +16,18 @@ from recjax.train.step import jit_train_step
 
 
 def small_cfg(algo: str, steps: int = 16, dense=("sgd", 0.1), sparse=("sgd", 0.05), train=None,
-              **runtime):
-    """DLRM (smoke size) on 8K synthetic examples, B=64, deterministic unless told otherwise."""
+              **fields):
+    """DLRM (smoke size) on 8K synthetic examples, B=64, deterministic unless told otherwise.
+
+    Each keyword sets the field of that name in whichever of the ``runtime``, ``shadowsync`` and
+    ``gba`` sections has it.
+    """
     c = configs.smoke()
+    sections = {s: {} for s in ("runtime", "shadowsync", "gba")}
+    for key, value in fields.items():
+        owner = [s for s in sections if key in {f.name for f in dataclasses.fields(getattr(c, s))}]
+        assert len(owner) == 1, f"no single config section has the field {key!r}"
+        sections[owner[0]][key] = value
     return dataclasses.replace(
         c, synthetic=dataclasses.replace(PRESETS["smoke"], n_train=8192, n_eval=1024),
         model=ModelConfig.smoke("dlrm"),
@@ -28,7 +37,7 @@ def small_cfg(algo: str, steps: int = 16, dense=("sgd", 0.1), sparse=("sgd", 0.0
         train=dataclasses.replace(c.train, **{
             "algo": algo, "batch_size": 64, "steps": steps, "deterministic": True,
             "progress": False, "eval_batch_size": 1024, **(train or {})}),
-        runtime=dataclasses.replace(c.runtime, **runtime))
+        **{s: dataclasses.replace(getattr(c, s), **kw) for s, kw in sections.items()})
 
 
 def worker_batches(cfg, worker: int, num_workers: int, n: int):

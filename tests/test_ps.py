@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms import ps
+from algorithms.runtime import ps
 from recjax.batch import Batch
 from recjax.embeddings import (
     SparseOptimConfig,
@@ -63,7 +63,7 @@ def test_mini_table_lookup_and_sgd_push_equal_full_table(multi_hot):
         ref = tables[name].astype(np.float64).copy()
         ok = np.asarray(ids) < ref.shape[0]
         np.add.at(ref, np.asarray(ids)[ok], -0.5 * np.asarray(grads)[ok])
-        np.testing.assert_allclose(store.tables()[name], ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(store.snapshot()[0][name], ref, rtol=1e-5, atol=1e-6)
 
 
 def test_adagrad_slots_live_on_the_shard():
@@ -78,8 +78,8 @@ def test_adagrad_slots_live_on_the_shard():
     for t in layout.tables:
         ids, g = row_gradients(layout, g_acts, batch.ids, batch.mask)[t.name]
         want_t, want_s = opt.update(jnp.asarray(tables[t.name]), slots[t.name], ids, g, 0)
-        np.testing.assert_allclose(store.tables()[t.name], want_t, rtol=1e-6)
-        np.testing.assert_allclose(store.slots()[t.name], want_s, rtol=1e-6)
+        np.testing.assert_allclose(store.snapshot()[0][t.name], want_t, rtol=1e-6)
+        np.testing.assert_allclose(store.snapshot()[1][t.name], want_s, rtol=1e-6)
     assert store.shards[0].step == 1
 
 

@@ -7,10 +7,19 @@ import traceback
 
 import pytest
 
-from algorithms import shadowsync, stragglers
-from algorithms.clock import Collective, Link, Rendezvous, RoleSpec, Work, run_threaded, run_virtual
-from algorithms.ps import EmbeddingShard
-from algorithms.runtime import Worker
+from algorithms import shadowsync
+from algorithms.runtime import (
+    Collective,
+    Link,
+    Rendezvous,
+    RoleSpec,
+    Work,
+    Worker,
+    run_threaded,
+    run_virtual,
+    stragglers,
+)
+from algorithms.runtime.ps import EmbeddingShard
 from recjax.checkpoint import Checkpointer
 from recjax.concurrency import ThreadGroup
 from tests.runtime_util import small_cfg
@@ -69,7 +78,7 @@ def test_virtual_clock_orders_events_and_links_queue():
     log = []
     roles = [RoleSpec("a", toy_worker(log, "a", 3, 2.0)), RoleSpec("b", toy_worker(log, "b", 3, 3.0))]
     sched = run_virtual(roles)
-    # a at 0, 2, 4; b at 0, 3, 6: ties go to the lower index
+    # a at 0, 2, 4; b at 0, 3, 6: ties go to the first scheduled
     assert [x for x in log] == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
     assert sched.seconds == 9.0
     link = Link("ps", bandwidth=100.0)
@@ -162,7 +171,8 @@ def test_failing_ps_shard_stops_run_and_keeps_checkpoint(monkeypatch, tmp_path):
     kw = dict(sync="easgd", trainers=2, workers_per_trainer=1)
     first = shadowsync.run(small_cfg("shadow", steps=8, train={"out": str(tmp_path)}, **kw))
     when = fail_on(monkeypatch, EmbeddingShard, "push", 10, OSError("shard 1 unreachable"))
-    cfg = small_cfg("shadow", steps=4000, train={"out": str(tmp_path), "deterministic": False}, **kw)
+    cfg = small_cfg("shadow", steps=4000, train={"out": str(tmp_path), "deterministic": False,
+                                                 "resume": True}, **kw)
     with pytest.raises(OSError, match="unreachable"):
         shadowsync.run(cfg)
     assert time.monotonic() - when["t"] < 5.0

@@ -1,4 +1,8 @@
-"""Parameter servers of the host-async runtime: sharded embedding PS, sync PS, dense PS.
+"""Parameter servers of the host-async engine: sharded embedding PS, sync PS, dense PS.
+
+Every PS speaks in values (DESIGN.md section 4.2): ``pull``, ``push``, ``snapshot`` and
+``restore`` take and return numpy arrays / pytrees of (immutable) jax arrays and never mutate a
+caller's object, so a PS can live in another thread, process or host.
 
 * `EmbeddingPS`: one copy of every embedding table, placed table-wise on S `EmbeddingShard`\\ s
   (host numpy arrays, optimizer slots beside the rows). Workers `pull` the rows a batch touches
@@ -188,14 +192,20 @@ class EmbeddingPS:
             out[self.placement[name]] += 2 * n * self._dim[name] * 4
         return out
 
-    def tables(self) -> dict[str, np.ndarray]:
-        """Every table (copies; a fuzzy snapshot while workers run)."""
-        return {t.name: self.shards[self.placement[t.name]].tables[t.name].copy()
-                for t in self.layout.tables}
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``(tables, slots)`` of every table, copies (a fuzzy snapshot while workers push)."""
+        tables = {t.name: self.shards[self.placement[t.name]].tables[t.name].copy()
+                  for t in self.layout.tables}
+        slots = {t.name: jax.tree.map(np.copy, self.shards[self.placement[t.name]].slots[t.name])
+                 for t in self.layout.tables}
+        return tables, slots
 
-    def slots(self) -> dict[str, Any]:
-        return {t.name: jax.tree.map(np.copy, self.shards[self.placement[t.name]].slots[t.name])
-                for t in self.layout.tables}
+    def restore(self, tables: dict, slots: dict) -> None:
+        """Replace every shard's rows and slots with copies of the given ones."""
+        for shard in self.shards:
+            for k in shard.tables:
+                shard.tables[k] = np.array(tables[k], np.float32)
+                shard.slots[k] = jax.tree.map(np.array, slots[k])
 
 
 class SyncPS:
@@ -211,9 +221,11 @@ class SyncPS:
         self._exchange = exchange
         self._lock = threading.Lock()  # the server applies one request at a time
 
-    def exchange(self, replica) -> None:
+    def exchange(self, w_i: Any) -> Any:
+        """One S-EASGD exchange: moves ``wPS`` towards `w_i`; returns the new ``w_i``."""
         with self._lock:
-            self.w, replica.params = self._exchange(self.w, replica.params)
+            self.w, w_i = self._exchange(self.w, w_i)
+        return w_i
 
 
 class DensePS:
@@ -234,7 +246,11 @@ class DensePS:
         return self.params, self.version
 
     def push(self, grads: Any, version: int) -> None:
+        """Apply `grads`, computed at `version`: staleness = updates applied since that pull."""
         with self._lock:
             self.params, self.opt_state = self._apply(self.params, self.opt_state, grads)
             self.staleness[self.version - version] += 1
             self.version += 1
+
+    def snapshot(self) -> tuple[Any, Any]:
+        return self.params, self.opt_state

@@ -1,23 +1,30 @@
-"""Two interpreters of the runtime's roles: real threads, or a deterministic virtual clock.
+"""The engine's effects and two interpreters of its roles: real threads, or a virtual clock.
 
-A *role* (a worker, a shadow thread) is a Python generator. It reads and writes shared state
-(parameter servers, replicas) directly, and between those reads and writes it yields an
-*effect* that says what the step cost or what it waits for:
+A *role* (a worker, a shadow thread, a PS's apply loop) is a Python generator. It reads and
+writes shared state (parameter servers, replicas) through their value-only interfaces, and
+between those reads and writes it yields an *effect* that says what the step cost or what it
+waits for. The effect set is open: an interpreter dispatches on the effect's type, and
+every effect below is handled by both interpreters.
 
 * `Work(seconds, factor, transfers, pause)`: compute that took ``seconds`` of modelled time,
   slowed down ``factor`` x by the straggler model, then ``transfers`` over shared `Link`\\ s (a PS
   link serves one transfer at a time), then an idle ``pause``;
 * `Collective(group, index, value, seconds)`: join the all-reduce `group` as party ``index``;
-  the generator receives the group's reduction of every party's value.
+  the generator receives the group's reduction of every party's value;
+* `Wait(signal, condition)`: park until ``condition()`` is true. The condition is re-checked
+  only when another role notifies `signal` after a write (e.g. a PS applied a global step), so
+  a parked role costs nothing: no polling on the virtual clock, a condition-variable wait in
+  threads. The generator receives True (False when the run is stopping).
 
 `run_threaded` runs every role in its own thread (through `recjax.concurrency.ThreadGroup`):
 compute is real, a straggler sleeps ``(factor - 1)`` x its measured compute time, a link is
 held for ``bytes / bandwidth`` (``emulate_links``), a collective is a barrier (then held for
 its ``seconds``). `run_virtual` runs the same generators one event at a time in the calling
-thread, ordered by virtual time (ties by role index): the schedule, and therefore every
-parameter, is a pure function of the seed. Reads happen when a role is resumed and writes
-after its yield returns, so a role that yields a long `Work` really sees stale state, as it
-would in the threaded run.
+thread, ordered by virtual time, ties first-scheduled-first (so roles that finish a step at
+the same instant all act, e.g. all push, before any of them acts again): the schedule, and
+therefore every parameter, is a pure function of the seed. Reads happen when a role is resumed
+and writes after its yield returns, so a role that yields a long `Work` really sees stale
+state, as it would in the threaded run.
 """
 
 from __future__ import annotations
@@ -144,7 +151,51 @@ class Rendezvous:
             self._cond.notify_all()
 
 
-Role = Generator[Work | Collective, Any, None]
+class Signal:
+    """Notified by a role after a write that may make some `Wait` condition true.
+
+    In threads it is a condition variable; on the virtual clock the interpreter compares
+    ``generation`` before and after each event and re-checks only the roles parked on a signal
+    that changed. Writers call `notify` *after* the write.
+    """
+
+    def __init__(self, name: str = "signal"):
+        self.name = name
+        self.generation = 0
+        self._cond = threading.Condition()
+
+    def notify(self) -> None:
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def wait_for(self, condition: Callable[[], bool], stop: threading.Event) -> bool:
+        """Block until ``condition()`` (True) or `stop` is set (False).
+
+        The condition is checked under the signal's lock, so a notify after the write that makes
+        it true cannot be missed; the timeout only bounds how late a stop is noticed.
+        """
+        with self._cond:
+            while not condition():
+                if stop.is_set():
+                    return False
+                self._cond.wait(0.05)
+            return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """Attributes:
+      signal: the `Signal` whose writers can make the condition true.
+      condition: ``() -> bool``, read-only (it may run in another role's thread or event).
+    """
+
+    signal: Signal
+    condition: Callable[[], bool]
+
+
+Effect = Work | Collective | Wait
+Role = Generator[Effect, Any, None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,10 +217,12 @@ class Schedule:
     """What an interpreter reports. Attributes:
       seconds: wall seconds (threaded) or virtual seconds (virtual) until the foreground ended.
       trace: role indices in the order their events ran (virtual mode only).
+      events: events the virtual clock ran (a parked `Wait` adds one, when it is released).
     """
 
     seconds: float
     trace: list[int]
+    events: int = 0
 
 
 def _drive(role: Role, stop: threading.Event, emulate: bool) -> None:
@@ -192,10 +245,16 @@ def _drive(role: Role, stop: threading.Event, emulate: bool) -> None:
                         return
                 if effect.pause > 0 and stop.wait(effect.pause):
                     return
-            else:
+            elif isinstance(effect, Wait):
+                if not effect.signal.wait_for(effect.condition, stop):
+                    return
+                value = True
+            elif isinstance(effect, Collective):
                 value = effect.group.join(effect.index, effect.value, stop)
                 if value is CLOSED or (emulate and effect.seconds > 0 and stop.wait(effect.seconds)):
                     return
+            else:
+                raise TypeError(f"a role yielded {effect!r}; effects are Work, Collective, Wait")
     finally:
         role.close()  # runs the role's finally blocks (e.g. closing its collectives)
 
@@ -224,48 +283,88 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
 def run_virtual(roles: list[RoleSpec]) -> Schedule:
     """Run the roles as one sequential schedule of events ordered by virtual time.
 
-    Each role has at most one pending event; ties are broken by role index, so the schedule is
-    deterministic. Ends when every foreground role has ended (background roles are closed);
-    parties stuck in a collective whose peers have all ended are closed too.
+    Each role has at most one pending event; ties run in the order they were scheduled, so the
+    schedule is deterministic. A `Wait` whose condition holds costs one event at the current
+    time; one that does not parks the role, which is re-checked only after an event that
+    notified its signal, and then resumes at that event's time. Ends when every foreground
+    role has ended (background roles are closed); parties stuck in a collective whose peers
+    have all ended are closed too.
+
+    Raises:
+      RuntimeError: every role left is parked on a `Wait` that no role can make true.
     """
-    heap = [(0.0, i) for i in range(len(roles))]
+    heap: list[tuple[float, int, int]] = []
+    seq = 0
+
+    def schedule(t: float, i: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, i))
+        seq += 1
+
+    for i in range(len(roles)):
+        schedule(0.0, i)
     values: list[Any] = [None] * len(roles)
     parked: dict[int, dict[int, tuple[int, float, Any, float]]] = {}
-    groups: dict[int, Rendezvous] = {}
+    waiting: dict[int, tuple[Signal, int, list[tuple[int, Callable[[], bool]]]]] = {}
     fg_left = sum(r.foreground for r in roles)
     trace: list[int] = []
     now = 0.0
     try:
         while fg_left:
-            if not heap:  # only parked roles left: their peers are gone
-                break
-            now, i = heapq.heappop(heap)
+            if not heap:  # only parked roles left
+                if waiting:
+                    names = [roles[i].name for _, _, ws in waiting.values() for i, _ in ws]
+                    raise RuntimeError(f"deadlock on the virtual clock: {names} wait on a "
+                                       "condition that no running role can make true")
+                break  # parties of a collective whose peers are gone
+            now, _, i = heapq.heappop(heap)
             trace.append(i)
             try:
                 effect = roles[i].role.send(values[i])
             except StopIteration:
                 fg_left -= roles[i].foreground
-                continue
+                effect = None
             values[i] = None
             if isinstance(effect, Work):
                 t = now + effect.seconds * effect.factor
                 for link, nbytes in effect.transfers:
                     t = link.virtual(t, nbytes)
-                heapq.heappush(heap, (t + effect.pause, i))
-                continue
-            g = effect.group
-            groups[id(g)] = g
-            party = parked.setdefault(id(g), {})
-            party[effect.index] = (i, now, effect.value, effect.seconds)
-            if len(party) == g.n:
-                del parked[id(g)]
-                result = g.reduce([party[k][2] for k in range(g.n)])
-                done = max(p[1] for p in party.values())
-                for k in range(g.n):
-                    j, _, _, cost = party[k]
-                    values[j] = result
-                    heapq.heappush(heap, (done + cost, j))
+                schedule(t + effect.pause, i)
+            elif isinstance(effect, Wait):
+                values[i] = True
+                if effect.condition():
+                    schedule(now, i)
+                else:
+                    sig = effect.signal
+                    waiting.setdefault(id(sig), (sig, sig.generation, []))[2].append(
+                        (i, effect.condition))
+            elif isinstance(effect, Collective):
+                g = effect.group
+                party = parked.setdefault(id(g), {})
+                party[effect.index] = (i, now, effect.value, effect.seconds)
+                if len(party) == g.n:
+                    del parked[id(g)]
+                    result = g.reduce([party[k][2] for k in range(g.n)])
+                    done = max(p[1] for p in party.values())
+                    for k in range(g.n):
+                        j, _, _, cost = party[k]
+                        values[j] = result
+                        schedule(done + cost, j)
+            elif effect is not None:
+                raise TypeError(f"role {roles[i].name} yielded {effect!r}; effects are Work, "
+                                "Collective, Wait")
+            for key, (sig, gen, ws) in list(waiting.items()):  # wake roles whose signal moved
+                if sig.generation == gen:
+                    continue
+                ready = [(j, c) for j, c in ws if c()]
+                left = [(j, c) for j, c in ws if (j, c) not in ready]
+                for j, _ in ready:
+                    schedule(now, j)
+                if left:
+                    waiting[key] = (sig, sig.generation, left)
+                else:
+                    del waiting[key]
     finally:
         for r in roles:
             r.role.close()
-    return Schedule(now, trace)
+    return Schedule(now, trace, len(trace))

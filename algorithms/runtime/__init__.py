@@ -1,0 +1,30 @@
+"""The host-async engine the asynchronous algorithms share (DESIGN.md section 4.2).
+
+* ``clock.py``: the effects roles yield (`Work`, `Collective`, `Wait`) and their two
+  interpreters (`run_threaded`, `run_virtual`);
+* ``ps.py``: parameter servers that speak in values (embedding PS shards, sync PS, dense PS);
+* ``supply.py``: batch supplies (static per-worker shards, GBA's shared data list);
+* ``stragglers.py``: seeded slowdown models;
+* ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files).
+
+The algorithms (``async_ps.py``, ``shadowsync.py``, ``gba.py``) are modules beside this package.
+"""
+
+from algorithms.runtime import stragglers
+from algorithms.runtime.clock import (
+    Collective,
+    Link,
+    Rendezvous,
+    RoleSpec,
+    Schedule,
+    Signal,
+    Wait,
+    Work,
+    run_threaded,
+    run_virtual,
+)
+from algorithms.runtime.engine import Counters, Replica, Runtime, Worker
+
+__all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
+           "Schedule", "Signal", "Wait", "Work", "Worker", "run_threaded", "run_virtual",
+           "stragglers"]

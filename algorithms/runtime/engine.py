@@ -1,0 +1,335 @@
+"""The host-async engine (DESIGN.md section 4.2): what the roles of one run share.
+
+An algorithm (``async_ps.py``, ``shadowsync.py``, ``gba.py``) builds a `Runtime`, picks a batch
+supply, writes its roles as generators (``clock.py``) around the pure jitted pieces of
+`recjax.train.step`, and calls `Runtime.execute` then `Runtime.finish`:
+
+    rt = Runtime(cfg, num_workers=W)      # data, model, optimizers, resume, embedding PS, links
+    supply = rt.static_shards()           # or rt.shared_list(M): GBA's data list
+    workers = [rt.worker(w, supply) for w in range(W)]
+    roles = [RoleSpec(f"worker-{w}", my_worker(rt, wk)) for w, wk in enumerate(workers)]
+    sched = rt.execute(roles, supply, snapshot=...)   # threads, or the virtual clock
+    return rt.finish(params, opt_state, sched, workers, counters, step=...)  # eval, files
+
+Pieces: `Worker` (takes batches from the supply, a jitted gradient on the rows it pulled, its
+counters), `Replica` (a trainer's dense params, shared lock-free by its worker threads and its
+shadow thread), the parameter servers of ``ps.py`` (values in, values out), `clock.Link` (a PS
+link with a bandwidth), the supplies of ``supply.py``. Every thread is started by
+`recjax.concurrency.ThreadGroup`; an exception in any role, a failing PS shard or Ctrl-C stops
+all of them within a poll interval, and the run's checkpoints (written only between runs of
+the roles) stay usable. The run contract (``--out`` policy, resume check, Train NE across
+segments, eval, summary) is `recjax.train.contract`, shared with every other trainer.
+
+``TrainState.step`` is global steps, as everywhere: examples consumed / ``train.batch_size``.
+A worker batch of async / ShadowSync is ``train.batch_size`` rows (one step per iteration);
+GBA's workers take ``B_a``-row entries and M of them are one global step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from algorithms.runtime import ps as ps_lib
+from algorithms.runtime import stragglers
+from algorithms.runtime.clock import Link, RoleSpec, Schedule, Work, run_threaded, run_virtual
+from algorithms.runtime.supply import SharedList, StaticShards, shuffle_buffer
+from recjax.concurrency import ThreadGroup
+from recjax.config import Config
+from recjax.data.pipeline import batches, cached
+from recjax.data.synthetic import SyntheticSource
+from recjax.embeddings import lookup, row_gradients
+from recjax.runlog import MetricsWriter
+from recjax.train import contract
+from recjax.train.data import open_data
+from recjax.train.setup import build
+from recjax.train.step import (
+    Model,
+    StepMetrics,
+    TrainState,
+    apply_dense,
+    jit_predict,
+    loss_and_grads,
+    step_metrics,
+)
+
+
+class Replica:
+    """A trainer's dense params and optimizer state, shared by its threads without a lock.
+
+    Each update is a read-modify-write of the attribute (one jitted call in between), so a
+    concurrent update can be lost: Hogwild's race, at the granularity of the pytree.
+    """
+
+    def __init__(self, params: Any, opt_state: Any):
+        self.params, self.opt_state = params, opt_state
+
+    def apply(self, dense_apply, grads: Any) -> None:
+        self.params, self.opt_state = dense_apply(self.params, self.opt_state, grads)
+
+
+@dataclasses.dataclass
+class Counters:
+    """A role's counters (owned by one role: no locks). Attributes:
+      iterations: training iterations done.
+      metrics: per-iteration `StepMetrics` (each batch scored before its update).
+      shard_bytes: embedding bytes served per PS shard.
+      syncs: syncs performed.
+      sync_bytes: bytes moved by syncs.
+    """
+
+    iterations: int = 0
+    metrics: list = dataclasses.field(default_factory=list)
+    shard_bytes: list = dataclasses.field(default_factory=list)
+    syncs: int = 0
+    sync_bytes: int = 0
+
+
+class Worker:
+    """One worker: batches from its supply, one iteration's pull/compute/push, its counters."""
+
+    def __init__(self, rt: Runtime, wid: int, supply: StaticShards | SharedList):
+        self.rt, self.wid, self.supply = rt, wid, supply
+        self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
+
+    def take(self) -> tuple[int, Any] | None:
+        """The next ``(index, (localized batch, rows))`` from the supply, or None."""
+        return self.supply.take(self.wid)
+
+    def compute(self, params: Any, item: tuple, it: int, coalesce: bool = False
+                ) -> tuple[Any, tuple, Work]:
+        """Pull rows, compute gradients at `params`: ``(g_params, pending push, Work)``.
+
+        With `coalesce` the row gradients are one summed row per unique id of the batch
+        (``name -> f32[n_pad, D]``, in the order of ``rows``), which GBA's PS aggregates.
+        """
+        rt = self.rt
+        _, (local, rows) = item
+        minis = rt.ps.pull(rows)
+        m, g_params, grads = (rt.grads_rows if coalesce else rt.grads)(params, minis, local)
+        self.counters.metrics.append(m)
+        nbytes = rt.ps.shard_bytes(rows)
+        for s, b in enumerate(nbytes):
+            self.counters.shard_bytes[s] += b
+        work = Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(self.wid, it),
+                    tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
+        return g_params, (rows, grads), work
+
+    def push(self, pending: tuple) -> None:
+        self.rt.ps.push(*pending)
+        self.counters.iterations += 1
+
+
+class Runtime:
+    """Everything the roles of one run share; see the module docstring.
+
+    Args:
+      cfg: the run's config (``runtime`` section for the engine).
+      num_workers: worker roles of the run (stragglers are drawn for each).
+      batch_size: rows of one worker batch (default ``train.batch_size``; GBA's B_a).
+    """
+
+    def __init__(self, cfg: Config, num_workers: int, batch_size: int = 0):
+        self.t0 = time.perf_counter()
+        self.cfg, rc, tc = cfg, cfg.runtime, cfg.train
+        self.num_workers = num_workers
+        self.batch_size = batch_size or tc.batch_size
+        self.data = open_data(cfg)
+        self._shuffle = shuffle_buffer(self.data, cfg.data.shuffle_buffer)
+        if isinstance(self.data.train, SyntheticSource):  # generate once, not once per worker
+            self.data.train = cached(self.data.train, cfg.data.cache_rows)
+            for _ in self.data.train.chunks():
+                pass
+        self.model, self.tx, self.sparse_opt, state = build(cfg, self.data.spec)
+        self.ckpt, state, self.progress = contract.open_run(cfg, state)
+        self.init_state = state
+        self.start_step = int(state.step)
+        self.steps_per_epoch = self.data.train_rows // tc.batch_size
+        self.total_steps = tc.steps or tc.epochs * self.steps_per_epoch
+        if tc.resume and self.start_step >= self.total_steps:
+            self.close()
+            raise ValueError(f"the checkpoint is at step {self.start_step}, which already reaches "
+                             f"the requested {self.total_steps} steps; raise --steps (or --epochs) "
+                             "to go on")
+        self.stragglers = stragglers.parse(rc.stragglers, num_workers, tc.seed)
+        self.example_cost = rc.example_cost_us * 1e-6
+        bw = rc.bandwidth_gbps * 1e9 / 8
+        self.shard_links = [Link(f"emb-ps-{s}", bw) for s in range(rc.ps_shards)]
+        self.bandwidth = (rc.sync_bandwidth_gbps * 1e9 / 8) if rc.sync_bandwidth_gbps > 0 else bw
+        self.dense_link = Link("sync-ps", self.bandwidth)  # dense bandwidth: also all-reduce
+
+        layout = self.model.layout
+        mini = dataclasses.replace(layout, tables=tuple(
+            dataclasses.replace(t, num_embeddings=self.batch_size * len(t.field_index)
+                                * self.data.spec.max_len) for t in layout.tables))
+        mini_model = Model(self.model.module, mini, self.model.microbatches)
+        profile = [b for b, _ in self._global_batches(rc.profile_batches)]
+        self.costs = ps_lib.profile_costs(layout, profile)
+        self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
+        self.ps = ps_lib.EmbeddingPS(layout, state.tables, state.slots, self.sparse_opt,
+                                     self.placement, rc.ps_shards)
+
+        def grads(params, minis, batch):
+            acts = lookup(mini, minis, batch.ids, batch.mask)
+            (loss, logits), (g_params, g_acts) = loss_and_grads(mini_model, params, acts, batch)
+            rows = row_gradients(mini, g_acts, batch.ids, batch.mask)
+            return step_metrics(loss, logits, batch.label), g_params, rows
+
+        def grads_rows(params, minis, batch):
+            m, g_params, rows = grads(params, minis, batch)
+            summed = {k: jnp.zeros_like(minis[k]).at[ids].add(g, mode="drop")
+                      for k, (ids, g) in rows.items()}
+            return m, g_params, summed
+
+        self.grads = jax.jit(grads)
+        self.grads_rows = jax.jit(grads_rows)
+        self.dense_apply = jax.jit(lambda p, o, g: apply_dense(self.tx, p, o, g))
+        self.dense_bytes = sum(int(x.size) * 4 for x in jax.tree.leaves(state.params))
+        # Compile before any thread starts (compiling holds the GIL: PERF_NOTES 5).
+        local, rows = ps_lib.localize(layout, profile[0])
+        self.warm_batch = (local, rows)
+        _, g, rg = self.grads(state.params, self.ps.pull(rows), local)
+        jax.block_until_ready(self.dense_apply(state.params, state.opt_state, g))
+        self.ps.warm(rows, rg)
+
+    def _global_batches(self, n: int):
+        stream = batches(self.data.train, self.batch_size, seed=self.cfg.train.seed,
+                         epoch=0, shuffle_buffer=self._shuffle, drop_remainder=True,
+                         keep=self.data.keep_train)
+        for i, b in enumerate(stream):
+            if i >= max(n, 1):
+                break
+            yield b
+
+    def _localize(self, batch):
+        return ps_lib.localize(self.model.layout, batch)
+
+    @property
+    def _depth(self) -> int:
+        return 0 if self.cfg.train.deterministic else self.cfg.data.prefetch
+
+    def static_shards(self) -> StaticShards:
+        """Per-worker shards: each worker trains ``(total - start) / W`` batches of its shard.
+
+        A resumed run continues each worker's shard where it stopped: exact after a completed
+        segment (equal quotas); after a Ctrl-C, workers resume at their average position.
+        """
+        remaining = self.total_steps - self.start_step
+        quota = remaining // self.num_workers
+        if quota < 1:
+            raise ValueError(f"{remaining} steps cannot feed {self.num_workers} workers; "
+                             "raise --steps or lower --trainers / --workers-per-trainer")
+        return StaticShards(self.data, self.batch_size, self.cfg.train.seed, self._shuffle,
+                            self.num_workers, self.start_step // self.num_workers, quota,
+                            self._localize, self._depth)
+
+    def shared_list(self, m: int) -> SharedList:
+        """GBA's data list: M entries of ``B_a`` rows per global step, from the resumed step."""
+        return SharedList(self.data, self.batch_size, self.steps_per_epoch * m,
+                          self.cfg.train.seed, self._shuffle, self.start_step * m,
+                          self.total_steps * m, self._localize, self._depth)
+
+    def worker(self, wid: int, supply: StaticShards | SharedList) -> Worker:
+        return Worker(self, wid, supply)
+
+    def state(self, params: Any, opt_state: Any, step: int) -> TrainState:
+        """A consistent `TrainState` at global `step` (call when no role runs)."""
+        tables, slots = self.ps.snapshot()
+        return TrainState(jnp.asarray(step, jnp.int32), params, opt_state, tables, slots)
+
+    def close(self) -> None:
+        if self.ckpt is not None:
+            self.ckpt.close()
+
+    def _totals(self, workers: list[Worker]) -> dict:
+        ms = jax.device_get([m for w in workers for m in w.counters.metrics])
+        return {k: float(sum(getattr(m, k) for m in ms)) for k in StepMetrics._fields}
+
+    def execute(self, roles: list[RoleSpec], supply, snapshot=None, workers=()) -> Schedule:
+        """Run the roles (virtual clock with ``--deterministic``, else threads).
+
+        Args:
+          roles: every role of the run.
+          supply: the batch supply (closed at the end).
+          snapshot: ``() -> (params, opt_state, global step)`` to checkpoint on Ctrl-C.
+          workers: the `Worker`\\ s (their iterations go into progress records).
+        """
+        writer = MetricsWriter(self.cfg.train.out, append=self.cfg.train.resume)
+        last = [time.perf_counter()]
+
+        def on_poll():
+            if time.perf_counter() - last[0] >= 1.0:
+                last[0] = time.perf_counter()
+                writer.write({"kind": "progress", "wall": last[0] - self.t0,
+                              "iterations": sum(w.counters.iterations for w in workers)})
+
+        try:
+            if self.cfg.train.deterministic:
+                return run_virtual(roles)
+            group = ThreadGroup("recjax-rt")
+            return run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
+        except KeyboardInterrupt:
+            if self.ckpt is not None and snapshot is not None:
+                params, opt_state, step = snapshot()
+                self.progress.add(self._totals(workers))
+                contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step),
+                              self.progress, time.perf_counter() - self.t0, interrupted=True)
+                print(f"interrupted at step {step}; checkpoint in {self.cfg.train.out}")
+            self.close()
+            raise
+        finally:
+            supply.close()
+            writer.close()
+
+    def finish(self, params: Any, opt_state: Any, sched: Schedule, workers: list[Worker],
+               extra: dict, step: int | None = None) -> dict:
+        """Eval the returned model, checkpoint, write metrics.jsonl and summary.json.
+
+        Args:
+          step: the global step reached (default: start + the workers' iterations, one global
+            step each).
+        """
+        cfg, tc = self.cfg, self.cfg.train
+        iterations = sum(w.counters.iterations for w in workers)
+        step = self.start_step + iterations if step is None else step
+        state = self.state(params, opt_state, step)
+        self.progress.add(self._totals(workers))
+        wall = time.perf_counter() - self.t0
+        self.progress.train_seconds += sched.seconds
+        self.progress.timed_steps += step - self.start_step
+        if self.ckpt is not None:
+            contract.save(self.ckpt, cfg, state, self.progress, wall)
+            self.ckpt.close()
+        ev, preds = contract.evaluate(cfg, self.data, jit_predict(self.model), params, state.tables)
+        shard = np.sum([w.counters.shard_bytes for w in workers], axis=0).tolist()
+        unit = "virtual" if tc.deterministic else "wall"
+        summary = contract.build_summary(
+            cfg, self.data, state, self.progress, ev, start_step=self.start_step,
+            wall_seconds=self.progress.wall_seconds + wall,
+            train_seconds=self.progress.train_seconds, timed_steps=self.progress.timed_steps,
+            clock=unit, extra={
+                "segment_seconds": sched.seconds,
+                "segment_examples_per_sec": (step - self.start_step) * tc.batch_size
+                / max(sched.seconds, 1e-12),
+                "worker_iterations": iterations, "worker_batch_size": self.batch_size,
+                "trainers": cfg.runtime.trainers,
+                "workers_per_trainer": cfg.runtime.workers_per_trainer,
+                "stragglers": cfg.runtime.stragglers,
+                "embedding_bytes": int(sum(shard)), "embedding_bytes_per_shard": shard,
+                "ps_placement": cfg.runtime.placement, "ps_table_to_shard": self.placement,
+                "ps_load_profile": {how: ps_lib.shard_loads(self.costs, ps_lib.place(
+                    self.costs, cfg.runtime.ps_shards, how), cfg.runtime.ps_shards)
+                    for how in ("mod", "binpack")},
+                "virtual_events": sched.events if tc.deterministic else None,
+                **extra})
+        if tc.out:
+            w = MetricsWriter(tc.out, append=True)
+            w.write({"kind": "eval", "step": step, **ev})
+            w.close()
+        contract.write_summary(cfg, summary, preds)
+        return summary | {"final_state": state, "schedule": sched}

@@ -1,0 +1,151 @@
+"""Batch supplies: how a run's examples reach the engine's workers (DESIGN.md section 4.2).
+
+Two supplies, one interface: ``take(worker) -> (index, batch) | None`` (None: no data left for
+that worker), safe to call from any role's thread, and ``close()``.
+
+* `StaticShards` (ShadowSync, async PS): worker ``w`` of ``W`` reads the examples with
+  ``row % W == w``, epoch after epoch, a fixed quota of batches each. A slow worker's share
+  waits for it.
+* `SharedList` (GBA, Su et al. 2022 Sec. 4.1): one *data list* of Q batches cut from the run's
+  example stream in order, batch i handed to whichever worker asks next, so fast workers take
+  more batches. The example order is the single trainer's (seed, epoch) order, only cut into
+  batches of ``B_a`` rows instead of ``B``: M = B / B_a consecutive entries hold exactly the
+  examples of one global step of a `single` or `sync` run, which is what makes the sync <-> GBA
+  hand-over through one checkpoint continue on the same data.
+
+Batches come out *localized* for the embedding PS (`ps.localize`: ids remapped to the rows a
+batch touches), prepared ahead on a `recjax.concurrency.Prefetcher` thread (inline in
+deterministic runs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from recjax.concurrency import Prefetcher
+from recjax.data.pipeline import batches
+from recjax.data.synthetic import SyntheticSource
+from recjax.train.data import RunData
+
+
+def shuffle_buffer(data: RunData, configured: int) -> int:
+    """Synthetic examples are i.i.d. draws already: shuffling them would only cost time."""
+    return 0 if isinstance(data.train, SyntheticSource) else configured
+
+
+class StaticShards:
+    """Per-worker shards of the data (``row % W``), ``quota`` batches each after ``skip``.
+
+    Args:
+      data: the run's data.
+      batch_size: rows per batch.
+      seed: the data-order seed (train.seed).
+      buffer: shuffle buffer (see `shuffle_buffer`).
+      num_workers: W.
+      skip: batches of its shard each worker consumed before the checkpoint this run resumes.
+      quota: batches each worker trains on in this run.
+      transform: applied to each batch in the prefetch thread (`ps.localize`).
+      depth: prefetch depth (0 = inline: deterministic runs).
+    """
+
+    def __init__(self, data: RunData, batch_size: int, seed: int, buffer: int, num_workers: int,
+                 skip: int, quota: int, transform: Callable[[Any], Any], depth: int):
+        self.data, self.batch_size, self.seed, self.buffer = data, batch_size, seed, buffer
+        self.num_workers, self.skip, self.quota = num_workers, skip, quota
+        self._transform, self._depth = transform, depth
+        self._streams: dict[int, Prefetcher] = {}
+        self._taken = [0] * num_workers
+
+    def _gen(self, wid: int) -> Iterator:
+        seen, epoch = 0, 0
+        while True:
+            got = False
+            for batch, _ in batches(self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
+                                    shuffle_buffer=self.buffer, drop_remainder=True, worker=wid,
+                                    num_workers=self.num_workers, keep=self.data.keep_train):
+                got, seen = True, seen + 1
+                if seen > self.skip:  # earlier ones were consumed before the checkpoint
+                    yield batch
+            if not got:
+                raise ValueError(f"worker {wid} of {self.num_workers} gets less than one batch "
+                                 f"of {self.batch_size} per epoch; lower --batch-size")
+            epoch += 1
+
+    def take(self, wid: int) -> tuple[int, Any] | None:
+        """Worker `wid`'s next ``(index within its shard, localized batch)``, or None."""
+        if self._taken[wid] >= self.quota:
+            return None
+        if wid not in self._streams:  # only this worker's role touches its stream
+            self._streams[wid] = Prefetcher(self._gen(wid), depth=self._depth,
+                                            transform=self._transform,
+                                            name=f"recjax-prefetch-w{wid}")
+        i = self.skip + self._taken[wid]
+        self._taken[wid] += 1
+        return i, next(self._streams[wid])
+
+    def close(self) -> None:
+        for s in self._streams.values():
+            s.close()
+
+
+class SharedList:
+    """GBA's data list: entries ``[start, stop)`` of one batch stream, to whoever asks first.
+
+    Entry i is batch ``i mod per_epoch`` of epoch ``i // per_epoch`` of the run's example order
+    (`batches` with the train seed), cut into batches of `batch_size` rows.
+
+    Args:
+      data: the run's data.
+      batch_size: B_a, rows per entry.
+      per_epoch: entries per epoch (steps per epoch x M, so epochs align with the global batch).
+      seed: the data-order seed (train.seed).
+      buffer: shuffle buffer (see `shuffle_buffer`).
+      start, stop: the entries of this run (a resumed run starts where the checkpoint stopped).
+      transform: applied to each batch in the prefetch thread (`ps.localize`).
+      depth: prefetch depth (0 = inline: deterministic runs).
+    """
+
+    def __init__(self, data: RunData, batch_size: int, per_epoch: int, seed: int, buffer: int,
+                 start: int, stop: int, transform: Callable[[Any], Any], depth: int):
+        if per_epoch < 1:
+            raise ValueError(f"the training data holds less than one global batch of "
+                             f"{batch_size} x M rows; lower --batch-size")
+        self.data, self.batch_size, self.per_epoch = data, batch_size, per_epoch
+        self.seed, self.buffer, self.start, self.stop = seed, buffer, start, stop
+        self._next = start
+        self._lock = threading.Lock()
+        self._stream = Prefetcher(self._gen(), depth=depth, transform=transform,
+                                  name="recjax-prefetch-list")
+
+    def _gen(self) -> Iterator:
+        i = self.start
+        while i < self.stop:
+            epoch, skip = divmod(i, self.per_epoch)
+            for pos, (batch, _) in enumerate(batches(
+                    self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
+                    shuffle_buffer=self.buffer, drop_remainder=True, keep=self.data.keep_train)):
+                if pos < skip:
+                    continue
+                if pos >= self.per_epoch or i >= self.stop:
+                    break
+                yield batch
+                i += 1
+
+    @property
+    def handed_out(self) -> int:
+        """Entries handed out so far in this run."""
+        return self._next - self.start
+
+    def take(self, wid: int = 0) -> tuple[int, Any] | None:
+        """The next ``(entry index, localized batch)``, or None when the list is exhausted."""
+        with self._lock:
+            if self._next >= self.stop:
+                return None
+            i = self._next
+            self._next += 1
+            return i, next(self._stream)
+
+    def close(self) -> None:
+        self._stream.close()
