@@ -41,8 +41,9 @@ def bench_config(algo: str, sync: str, quick: bool, seed: int = 0):
         c, synthetic=dataclasses.replace(PRESETS["default"], n_train=steps * 512, n_eval=4096),
         train=dataclasses.replace(c.train, algo=algo, batch_size=512, steps=steps, seed=seed,
                                   progress=False, deterministic=False),
-        runtime=dataclasses.replace(c.runtime, trainers=2, workers_per_trainer=2, sync=sync,
-                                    sync_gap=1, alpha=0.5, sync_bandwidth_gbps=SYNC_GBPS))
+        runtime=dataclasses.replace(c.runtime, trainers=2, workers_per_trainer=2,
+                                    sync_bandwidth_gbps=SYNC_GBPS),
+        shadowsync=dataclasses.replace(c.shadowsync, sync=sync, sync_gap=1, alpha=0.5))
 
 
 def bench_runtime(repeats: int = 5, quick: bool = False) -> list[dict]:

@@ -52,10 +52,11 @@ def base_config(dataset: str, quick: bool, frappe: str):
 
 
 def variant(c, algo, sync, k, **runtime):
-    rt = dataclasses.replace(c.runtime, trainers=N, workers_per_trainer=M, sync=sync,
-                             sync_gap=k or 1, alpha=0.5, bmuf_lr=1.0, bmuf_momentum=0.5,
-                             **runtime)
-    return dataclasses.replace(c, runtime=rt, train=dataclasses.replace(c.train, algo=algo))
+    rt = dataclasses.replace(c.runtime, trainers=N, workers_per_trainer=M, **runtime)
+    sc = dataclasses.replace(c.shadowsync, sync=sync, sync_gap=k or 1, alpha=0.5, bmuf_lr=1.0,
+                             bmuf_momentum=0.5)
+    return dataclasses.replace(c, runtime=rt, shadowsync=sc,
+                               train=dataclasses.replace(c.train, algo=algo))
 
 
 def convergence(dataset: str, quick: bool, frappe: str) -> list[dict]:
