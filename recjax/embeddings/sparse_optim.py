@@ -67,6 +67,9 @@ class SparseOptimConfig:
                              f"choose one of {sorted(SPARSE_OPTIMIZERS)}")
         if self.lr <= 0:
             raise ValueError(f"sparse.lr must be > 0, got {self.lr}")
+        for name in ("b1", "b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"sparse.{name} must be in [0, 1), got {getattr(self, name)}")
 
 
 def coalesce(ids: jax.Array, grads: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
@@ -131,6 +134,12 @@ def rowwise_adagrad(cfg: SparseOptimConfig) -> SparseOptimizer:
     return SparseOptimizer(init, update)
 
 
+def _one_minus_power(b: float, t: jax.Array) -> jax.Array:
+    """``1 - b^t`` as ``-expm1(t log b)``: in float32, 1 - 0.999 would lose ~4 digits to
+    cancellation. ``b = 0`` (Adam without momentum) is 1: log(0) has no float value."""
+    return jnp.ones_like(t) if b == 0 else -jnp.expm1(t * math.log(b))
+
+
 def adam(cfg: SparseOptimConfig) -> SparseOptimizer:
     """Lazy Adam (Kingma & Ba 2015, Alg. 1 applied to touched rows only, like TF's LazyAdam).
 
@@ -146,9 +155,8 @@ def adam(cfg: SparseOptimConfig) -> SparseOptimizer:
         t = (step + 1).astype(table.dtype)
         m = cfg.b1 * _rows(m_all, ids) + (1 - cfg.b1) * g
         v = cfg.b2 * _rows(v_all, ids) + (1 - cfg.b2) * g * g
-        # 1 - b^t as -expm1(t log b): in float32, 1 - 0.999 would lose ~4 digits to cancellation.
-        m_hat = m / -jnp.expm1(t * math.log(cfg.b1))
-        v_hat = v / -jnp.expm1(t * math.log(cfg.b2))
+        m_hat = m / _one_minus_power(cfg.b1, t)
+        v_hat = v / _one_minus_power(cfg.b2, t)
         w = _rows(table, ids) - cfg.lr * m_hat / (jnp.sqrt(v_hat) + cfg.eps)
         return _set(table, ids, w), (_set(m_all, ids, m), _set(v_all, ids, v))
 
