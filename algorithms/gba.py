@@ -1,0 +1,418 @@
+"""GBA: global-batch gradient aggregation on a PS, and the baselines it is compared with.
+
+Su et al., "GBA: A Tuning-free Approach to Switch between Synchronous and Asynchronous
+Training for Recommendation Models", NeurIPS 2022 (Sec. 4.1, App. B Alg. 1-2, Sec. 5.1).
+Symbols as in the paper: ``B_a`` local batch, ``N_a`` workers, ``M`` gradients per global step
+(the buffer), ``k`` the global step, ``t_i`` the token of data-list entry i, ``iota`` the
+staleness threshold of Eq. 1.
+
+* Workers (Alg. 1): loop { take entry i of the shared data list with its token
+  ``t_i = floor(i / M)``; pull the dense params and the batch's rows; compute; push
+  (gradients, token) without waiting }. Fast workers take more entries. The printed formula
+  is ``floor(i / K)``; the text says each token repeats M times, which only ``floor(i / M)``
+  satisfies (../shared/papers/README.md).
+* PS (Alg. 2, Eq. 1): a buffer of M gradients; when full, a gradient with ``k - t > iota`` is
+  dropped, the dense gradients are summed and divided by M (``gba.dense_mean``), each embedding
+  row's gradient is summed over the kept gradients whose batch touched it and divided by how
+  many did (``gba.embedding_mean``), one optimizer step is applied, ``k += 1``. App. B drops an
+  embedding row by the global step at which the row was last updated, not by k
+  (``gba.embedding_staleness``). One PS (PS0) owns k and the buffer: its apply is one event, so
+  every table shard applies the same global step (docs/gba.md: the paper's shards each keep a
+  buffer and leave open how they agree on k).
+
+The baselines run on the same PS, workers and data list (Sec. 5.1; ``--gba.mode``):
+
+* ``sync``: every worker computes one gradient per global step at the current params and
+  waits for the step; the step aggregates all N (the all-reduce of synchronous training, on a
+  PS).
+* ``async``: every pushed gradient is applied at once.
+* ``hop_bs``: N gradients per update, as sync, but a worker may run up to ``b1`` batches
+  ahead of the slowest worker before it waits (bounded staleness).
+* ``bsp``: every ``b2`` gradients are aggregated, whatever their version; nobody waits.
+* ``hop_bw``: a step closes when ``N - b3`` gradients computed at the current params arrived;
+  the ``b3`` slowest of that round arrive late and are dropped (backup workers).
+
+Aggregation in the baselines follows the same PS rules (per-row embedding mean, division by
+the gradients aggregated), so that with equal-speed workers ``bsp`` with ``b2 = N``,
+``hop_bw`` with ``b3 = 0``, ``hop_bs`` with ``b1 = 0`` and ``gba`` with ``M = N`` all run the
+sync schedule exactly (tests/test_gba.py).
+
+    python scripts/train.py --algo gba --gba.mode gba --gba.workers 4 --stragglers slow:k=1,factor=4
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+
+from algorithms.runtime import RoleSpec, Runtime, Signal, Wait, Work, Worker
+from algorithms.runtime.ps import Rows
+from recjax.config import Config
+from recjax.runlog import MetricsWriter
+from recjax.train.contract import ne_from_sums
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The resolved sizes of a GBA run.
+
+    Attributes:
+      mode: gba | sync | async | hop_bs | bsp | hop_bw.
+      workers: N_a.
+      local_batch: B_a.
+      m: M, data-list entries per global step (global batch = M x B_a = train.batch_size).
+      aggregate: gradients per update (gba: M; sync, hop_bs: N; bsp: b2; hop_bw: N - b3;
+        async: 1).
+    """
+
+    mode: str
+    workers: int
+    local_batch: int
+    m: int
+    aggregate: int
+
+
+def plan(cfg: Config) -> Plan:
+    """Resolve B_a, M, N_a (Sec. 4.1: ``M = B_s N_s / B_a``, ``N_a = M``) and the update size.
+
+    Raises:
+      ValueError: sizes that do not divide, or a baseline whose knob does not fit N.
+    """
+    g, gc = cfg.train.batch_size, cfg.gba
+    b_a = gc.local_batch_size or g // (gc.workers or 4)
+    if b_a < 1 or (not gc.buffer and g % b_a):
+        raise ValueError(f"gba: train.batch_size={g} (the global batch) is not a multiple of the "
+                         f"local batch B_a={b_a}; set --gba.local_batch_size to a divisor of it "
+                         "(or --gba.buffer explicitly)")
+    m = gc.buffer or g // b_a
+    if m * b_a != g:
+        raise ValueError(f"gba: M x B_a = {m} x {b_a} = {m * b_a} differs from train.batch_size="
+                         f"{g}; the global batch must stay the sync run's (Sec. 4.1)")
+    n = gc.workers or m
+    agg = {"gba": m, "sync": n, "hop_bs": n, "async": 1, "bsp": gc.b2 or n,
+           "hop_bw": n - gc.b3}[gc.mode]
+    if gc.mode == "hop_bw" and agg < 1:
+        raise ValueError(f"gba.b3={gc.b3} backup workers leave no gradient of {n} workers to "
+                         "aggregate; use b3 < gba.workers")
+    return Plan(gc.mode, n, b_a, m, agg)
+
+
+@dataclasses.dataclass
+class Grad:
+    """One pushed gradient. Attributes:
+      wid: the worker.
+      index: its data-list entry i.
+      token: t_i = floor(i / M).
+      version: the PS version (updates applied) the worker pulled.
+      dense: dense gradient pytree.
+      rows: the batch's unique ids per table (`ps.localize`).
+      sums: per table, one summed gradient row per unique id, in the order of ``rows``.
+    """
+
+    wid: int
+    index: int
+    token: int
+    version: int
+    dense: Any
+    rows: Rows
+    sums: dict
+
+
+class Stats:
+    """What the PS counts (summary.json / metrics.jsonl). Attributes:
+      applied: gradients aggregated into an update.
+      dropped: gradients dropped whole (Eq. 1's f = 0, or late in hop_bw).
+      dropped_rows: embedding rows dropped by the per-id rule (``embedding_staleness=id``).
+      updates: optimizer steps applied by the PS.
+      dense_staleness: Counter of ``version at apply - version pulled`` of applied gradients.
+      emb_staleness: bincount of the per-row staleness of applied rows (updates of the row's
+        global step after the worker pulled it).
+    """
+
+    def __init__(self):
+        self.applied = self.dropped = self.dropped_rows = self.updates = 0
+        self.dense_staleness: collections.Counter = collections.Counter()
+        self.emb_staleness = np.zeros(1, np.int64)
+
+    def add_rows(self, stale: np.ndarray) -> None:
+        counts = np.bincount(stale)
+        if counts.size > self.emb_staleness.size:
+            counts[:self.emb_staleness.size] += self.emb_staleness
+            self.emb_staleness = counts
+        else:
+            self.emb_staleness[:counts.size] += counts
+
+
+def _histogram_summary(hist: dict[int, int]) -> dict:
+    n = sum(hist.values())
+    return {"mean": sum(k * v for k, v in hist.items()) / n if n else None,
+            "max": max((k for k, v in hist.items() if v), default=None),
+            "histogram": {str(k): int(v) for k, v in sorted(hist.items()) if v}}
+
+
+class GbaServer:
+    """PS0 of GBA: the dense params, the gradient buffer, k and the update rule of the mode.
+
+    The embedding tables stay on the run's `EmbeddingPS` shards; an update pushes one
+    aggregated gradient per table to them (so Adam's step count advances once per update).
+    Pushes and updates hold one lock (the PS applies one request at a time); pulls read the
+    current values without it.
+
+    Args:
+      rt: the run's engine.
+      p: the resolved sizes.
+      params, opt_state: the dense state to continue from.
+    """
+
+    def __init__(self, rt: Runtime, p: Plan, params: Any, opt_state: Any):
+        self.rt, self.p, self.gc = rt, p, rt.cfg.gba
+        self.params, self.opt_state = params, opt_state
+        self.version = rt.start_step  # k: updates applied, counted on from the checkpoint
+        self.signal = Signal("gba-ps")
+        self.stats = Stats()
+        self.buffer: list[Grad] = []
+        self.pulled = [-1] * p.workers  # version each worker last pulled (sync/hop_bw gate)
+        self.pushed = [0] * p.workers  # gradients each worker pushed (hop_bs gate)
+        self.active = set(range(p.workers))
+        self.exhausted = False
+        self.accounted = 0  # data-list entries whose gradient was applied or dropped
+        self._lock = threading.Lock()
+        # App. B Alg. 2 l. 19: the global step at which each row was last updated.
+        self.tag = {t.name: np.full(t.num_embeddings, -1, np.int64) for t in rt.model.layout.tables}
+        self.tag_base = rt.start_step
+        self.records: list[dict] = []
+
+    # -- the workers' side ------------------------------------------------------------------
+    def may_start(self, wid: int) -> bool:
+        """Whether worker `wid` may take its next batch (the gates of sync, hop_bw, hop_bs)."""
+        if self.exhausted:
+            return True
+        mode = self.p.mode
+        if mode in ("sync", "hop_bw"):  # one gradient per worker per global step
+            return self.version > self.pulled[wid]
+        if mode == "hop_bs":  # at most b1 batches ahead of the slowest active worker
+            return self.pushed[wid] - min(self.pushed[v] for v in self.active) <= self.gc.b1
+        return True
+
+    def pull(self, wid: int) -> tuple[Any, int]:
+        """The current dense params and their version (the worker records it)."""
+        params, version = self.params, self.version
+        self.pulled[wid] = version
+        return params, version
+
+    def leave(self, wid: int) -> None:
+        """Worker `wid` found the data list empty: release every gate."""
+        with self._lock:
+            self.active.discard(wid)
+            self.exhausted = True
+        self.signal.notify()
+
+    def push(self, g: Grad) -> None:
+        """Buffer `g`; apply an update when the mode's rule says so (Alg. 2, push threads)."""
+        with self._lock:
+            self.pushed[g.wid] += 1
+            mode, n_agg = self.p.mode, self.p.aggregate
+            if mode == "hop_bw" and g.version < self.version:  # its round closed: a backup
+                self.stats.dropped += 1
+                self.accounted += 1
+            else:
+                self.buffer.append(g)
+                if mode == "hop_bw":
+                    ready = sum(x.version == self.version for x in self.buffer) >= n_agg
+                else:
+                    ready = len(self.buffer) >= n_agg
+                if ready:
+                    self._apply(self.buffer)
+                    self.buffer = []
+        self.signal.notify()
+
+    def flush(self) -> None:
+        """Apply what is left in the buffer at the end of the data list (no role runs)."""
+        if self.buffer:
+            self._apply(self.buffer)
+            self.buffer = []
+
+    # -- the update -------------------------------------------------------------------------
+    def _apply(self, entries: list[Grad]) -> None:
+        """One update from `entries` (Eq. 1 and Alg. 2 l. 17-23); k += 1."""
+        rt, gc, k = self.rt, self.gc, self.version
+        entries = sorted(entries, key=lambda e: e.index)  # summation order: deterministic
+        if self.p.mode == "gba":
+            keep = [k - e.token <= gc.iota for e in entries]  # Eq. 1: f = 0 when k - t > iota
+        else:
+            keep = [True] * len(entries)
+        kept = [e for e, ok in zip(entries, keep) if ok]
+        self.stats.dropped += len(entries) - len(kept)
+        self.stats.applied += len(kept)
+        self.accounted += len(entries)
+        for e in kept:
+            self.stats.dense_staleness[k - e.version] += 1
+        if kept:
+            denom = len(entries) if (self.p.mode != "gba" or gc.dense_mean == "buffer") else len(kept)
+            total = kept[0].dense
+            for e in kept[1:]:
+                total = _tree_add(total, e.dense)
+            self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state,
+                                                         _tree_scale(total, 1.0 / denom))
+            self._apply_rows(kept, len(entries))
+        self.stats.updates += 1
+        self.version += 1
+        if self.stats.updates % rt.cfg.train.log_every == 0:
+            self.records.append(self.record())
+
+    def _apply_rows(self, kept: list[Grad], n_entries: int) -> None:
+        """Per table: drop stale rows, average each id over the gradients that touched it."""
+        rt, gc, k = self.rt, self.gc, self.version
+        cap = self.p.aggregate * rt.batch_size * rt.data.spec.max_len  # fixed shapes: one compile
+        rows: Rows = {}
+        grads: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        stale_all = []
+        for t in rt.model.layout.tables:
+            ids = np.concatenate([e.rows[t.name][0][:e.rows[t.name][1]] for e in kept])
+            g = np.concatenate([np.asarray(e.sums[t.name])[:e.rows[t.name][1]] for e in kept])
+            pulled = np.concatenate([np.full(e.rows[t.name][1], e.version) for e in kept])
+            token = np.concatenate([np.full(e.rows[t.name][1], e.token) for e in kept])
+            tag = self.tag[t.name][ids]
+            stale = np.maximum(tag - pulled, 0)
+            ok = np.ones(ids.size, bool)
+            if self.p.mode == "gba" and gc.embedding_staleness == "id":
+                ok = tag - token <= gc.iota  # App. B: the row's last update, not k
+                self.stats.dropped_rows += int((~ok).sum())
+            stale_all.append(stale[ok])
+            uniq, inv = np.unique(ids[ok], return_inverse=True)
+            summed = np.zeros((uniq.size, g.shape[1]), np.float32)
+            np.add.at(summed, inv, g[ok])
+            if gc.embedding_mean == "touched":
+                summed /= np.bincount(inv, minlength=uniq.size)[:, None].astype(np.float32)
+            else:
+                summed /= np.float32(n_entries)
+            size = cap * len(t.field_index)
+            padded = np.full(size, t.num_embeddings, np.int64)
+            padded[:uniq.size] = uniq
+            local = np.full(size, size, np.int32)  # past the mini table: dropped by the scatter
+            local[:uniq.size] = np.arange(uniq.size)
+            dense_g = np.zeros((size, g.shape[1]), np.float32)
+            dense_g[:uniq.size] = summed
+            rows[t.name] = (padded, uniq.size)
+            grads[t.name] = (local, dense_g)
+            self.tag[t.name][uniq] = k + 1
+        self.stats.add_rows(np.concatenate(stale_all))
+        rt.ps.push(rows, grads)
+
+    # -- reporting --------------------------------------------------------------------------
+    def record(self) -> dict:
+        s = self.stats
+        return {"kind": "gba", "step": self.version, "updates": s.updates, "applied": s.applied,
+                "dropped": s.dropped, "dropped_rows": s.dropped_rows,
+                "dense_staleness_mean": _histogram_summary(dict(s.dense_staleness))["mean"]}
+
+    def counters(self, seconds: float, workers: list[Worker]) -> dict:
+        s = self.stats
+        local = [w.counters.iterations * self.p.local_batch / max(seconds, 1e-12) for w in workers]
+        emb = _histogram_summary(dict(enumerate(s.emb_staleness.tolist())))
+        return {
+            "gba_mode": self.p.mode, "gba_workers": self.p.workers,
+            "gba_local_batch_size": self.p.local_batch, "gba_M": self.p.m,
+            "gba_aggregate": self.p.aggregate, "gba_iota": self.gc.iota,
+            "global_qps": sum(local), "local_qps": local,
+            "local_qps_mean": sum(local) / len(local),
+            "tokens_handed_out": sum(w.counters.iterations for w in workers),
+            "updates": s.updates, "gradients_applied": s.applied, "dropped_gradients": s.dropped,
+            "dropped_embedding_rows": s.dropped_rows,
+            "dense_staleness": _histogram_summary(dict(s.dense_staleness)),
+            "embedding_staleness": emb,
+        }
+
+
+def _tree_add(a, b):
+    return jax.tree.map(np.add, a, b)
+
+
+def _tree_scale(a, c: float):
+    return jax.tree.map(lambda x: x * np.float32(c), a)
+
+
+def worker_role(server: GbaServer, worker: Worker):
+    """Alg. 1's computation thread: take, pull, compute, push (non-blocking), repeat."""
+    rt, p, wid = server.rt, server.p, worker.wid
+    dense_bytes = rt.dense_bytes
+    it = 0
+    while True:
+        # The gate of the mode; a Wait that already holds still costs one event, so workers
+        # finishing at the same instant all push before any of them pulls again.
+        yield Wait(server.signal, lambda: server.may_start(wid))
+        item = worker.take()
+        if item is None:
+            server.leave(wid)
+            return
+        index = item[0]
+        params, version = server.pull(wid)
+        g_params, (rows, sums), work = worker.compute(params, item, it, coalesce=True)
+        yield Work(work.seconds, work.factor, work.transfers + ((rt.dense_link, 2 * dense_bytes),))
+        server.push(Grad(wid, index, index // p.m, version, g_params, rows, sums))
+        worker.counters.iterations += 1
+        it += 1
+
+
+def run(cfg: Config) -> dict:
+    """``--algo gba``: train, evaluate, return (and write) the summary."""
+    p = plan(cfg)
+    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
+    s0 = rt.init_state
+    server = GbaServer(rt, p, s0.params, s0.opt_state)
+    server_warm(server)
+    supply = rt.shared_list(p.m)
+    workers = [rt.worker(w, supply) for w in range(p.workers)]
+    roles = [RoleSpec(f"gba-worker{w.wid}", worker_role(server, w)) for w in workers]
+
+    def snapshot():
+        return server.params, server.opt_state, rt.start_step + server.accounted // p.m
+
+    sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot)
+    server.flush()
+    extra = server.counters(sched.seconds, workers)
+    if cfg.train.out:
+        w = MetricsWriter(cfg.train.out, cfg.train.tensorboard, append=True)
+        for r in step_losses(workers, p.m, cfg.train.batch_size) + server.records + [server.record()]:
+            w.write(r)
+        w.close()
+    return rt.finish(server.params, server.opt_state, sched, workers, extra,
+                     step=rt.total_steps)
+
+
+def step_losses(workers: list[Worker], m: int, global_batch: int) -> list[dict]:
+    """One ``kind: train`` record per global step: the mean loss of its M entries, each scored
+    at the params its worker pulled (as the sync trainer scores each batch before its step)."""
+    sums: dict[int, list[float]] = {}
+    for w in workers:
+        for i, met in zip(w.counters.indices, jax.device_get(w.counters.metrics)):
+            s = sums.setdefault(i // m, [0.0, 0.0, 0.0])
+            s[0] += float(met.logloss_sum)
+            s[1] += float(met.count)
+            s[2] += float(met.label_sum)
+    out = []
+    for step in sorted(sums):
+        ll, n, lab = sums[step]
+        ne = ne_from_sums({"logloss_sum": ll, "count": n, "label_sum": lab})
+        out.append({"kind": "train", "step": step + 1, "examples": (step + 1) * global_batch,
+                    "loss": ll / n, "train_ne_window": ne})
+    return out
+
+
+def server_warm(server: GbaServer) -> None:
+    """Compile the update's shapes (dense apply, the aggregated row push) before threads start."""
+    rt = server.rt
+    local, rows = rt.warm_batch
+    _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+    probe = GbaServer(rt, server.p, server.params, server.opt_state)
+    saved = rt.ps.snapshot()
+    step0 = [sh.step for sh in rt.ps.shards]
+    probe._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)], 1)
+    rt.ps.restore(*saved)
+    for sh, s in zip(rt.ps.shards, step0):
+        sh.step = s

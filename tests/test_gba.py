@@ -1,0 +1,187 @@
+"""GBA and its baselines (Su et al. 2022): limiting cases, drops, determinism, no busy waits.
+
+Equal speeds here means no stragglers, the same modelled compute per batch and free links
+(infinite bandwidth), so that workers finish each batch at the same virtual instant.
+"""
+
+import dataclasses
+import heapq
+
+import numpy as np
+import pytest
+
+from algorithms import gba
+from algorithms.runtime import stragglers
+from recjax.batch import Batch
+from tests.runtime_util import assert_trees, reference, small_cfg, worker_batches
+
+FREE = dict(bandwidth_gbps=float("inf"))
+
+
+def cfg_gba(mode, steps=6, workers=4, local=16, dense=("sgd", 0.1), sparse=("sgd", 0.05),
+            train=None, **kw):
+    """Global batch 64 = M x B_a with M = 64 / local."""
+    return small_cfg("gba", steps=steps, dense=dense, sparse=sparse, train=train, mode=mode,
+                     workers=workers, local_batch_size=local, **{**FREE, **kw})
+
+
+def global_batches(cfg, n):
+    """The single trainer's batches of train.batch_size rows (the data-list order, uncut)."""
+    return worker_batches(cfg, 0, 1, n)
+
+
+def test_plan_derives_m_from_the_global_batch_and_refuses_bad_sizes():
+    p = gba.plan(cfg_gba("gba", workers=0, local=16))
+    assert (p.m, p.workers, p.local_batch, p.aggregate) == (4, 4, 16, 4)  # N_a = M (Sec. 4.1)
+    assert gba.plan(cfg_gba("bsp", workers=3, local=16, b2=5)).aggregate == 5
+    assert gba.plan(cfg_gba("hop_bw", workers=4, local=16, b3=1)).aggregate == 3
+    with pytest.raises(ValueError, match="not a multiple"):
+        gba.plan(cfg_gba("gba", local=24))
+    with pytest.raises(ValueError, match="backup workers"):
+        gba.plan(cfg_gba("hop_bw", workers=2, b3=2))
+
+
+@pytest.mark.parametrize("dense", [("sgd", 0.1), ("adam", 0.01)])
+def test_equal_speeds_m_equals_n_is_sync_on_the_global_batch(dense):
+    """GBA, M = N_a = 4, B_a = 16: each global step averages the 4 gradients of one 64-row
+    batch at the same params, i.e. the gradient of that batch's mean loss. With the embedding
+    mean over the buffer (the mean loss's gradient) it is train_step on the 64-row batches."""
+    steps = 6
+    cfg = cfg_gba("gba", steps=steps, dense=dense, embedding_mean="buffer")
+    got = gba.run(cfg)
+    want = reference(cfg, global_batches(cfg, steps))
+    assert got["steps"] == steps and got["dropped_gradients"] == 0
+    assert got["dense_staleness"]["max"] == 0
+    assert int(got["final_state"].step) == steps
+    assert_trees(got["final_state"].params, want.params, rtol=1e-5, atol=1e-7)
+    assert_trees(got["final_state"].tables, want.tables, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode,knob", [("bsp", {"b2": 4}), ("hop_bw", {"b3": 0}),
+                                       ("hop_bs", {"b1": 0}), ("gba", {})])
+def test_baselines_at_their_limits_run_the_sync_schedule(mode, knob):
+    """Equal speeds: BSP b2 = N, Hop-BW b3 = 0, Hop-BS b1 = 0 and GBA M = N are Sync."""
+    sync = gba.run(cfg_gba("sync"))
+    other = gba.run(cfg_gba(mode, **knob))
+    assert other["updates"] == sync["updates"] == 6 and other["dropped_gradients"] == 0
+    assert_trees(other["final_state"], sync["final_state"])  # bit for bit
+
+
+def test_async_one_worker_equals_train_step():
+    cfg = cfg_gba("async", steps=8, workers=1, local=64, dense=("adam", 0.01),
+                  sparse=("adagrad", 0.05))
+    got = gba.run(cfg)
+    want = reference(cfg, global_batches(cfg, 8))
+    assert got["updates"] == 8 and got["dense_staleness"]["max"] == 0
+    assert_trees(got["final_state"].params, want.params, rtol=1e-4, atol=1e-7)
+    assert_trees(got["final_state"].tables, want.tables, rtol=1e-4, atol=1e-7)
+
+
+def expected_gba_drops(n, m, q, iota, durations):
+    """A hand-written GBA schedule: which data-list entries Eq. 1 drops.
+
+    Workers take entries in request order (ties: first scheduled first), batch i's token is
+    i // m; the PS applies when m gradients are buffered and drops those with k - t > iota.
+    `durations(w, j)` is worker w's time for its j-th batch.
+    """
+    heap, seq = [], 0
+    for w in range(n):
+        heap.append((0.0, seq, w, "take"))
+        seq += 1
+    heapq.heapify(heap)
+    nxt, k, buf, dropped, done, held = 0, 0, [], [], [0] * n, {}
+    while heap:
+        t, _, w, what = heapq.heappop(heap)
+        if what == "push":
+            buf.append(held[w])
+            if len(buf) == m:
+                dropped += [i for i in sorted(buf) if k - i // m > iota]
+                buf, k = [], k + 1
+            heapq.heappush(heap, (t, seq, w, "take"))  # the next request: after same-time pushes
+            seq += 1
+        elif nxt < q:
+            held[w] = nxt
+            nxt += 1
+            heapq.heappush(heap, (t + durations(w, done[w]), seq, w, "push"))
+            done[w] += 1
+            seq += 1
+    return dropped
+
+
+@pytest.mark.parametrize("iota", [0, 1])
+def test_iota_drops_exactly_the_stale_gradients(iota):
+    n, m, steps, spec = 3, 3, 8, "slow:k=1,factor=3+lognormal:sigma=0.4"
+    cfg = cfg_gba("gba", steps=steps, workers=n, local=20, iota=iota, stragglers=spec)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=m * 20))
+    got = gba.run(cfg)
+    model = stragglers.parse(spec, n, cfg.train.seed)
+    cost = cfg.runtime.example_cost_us * 1e-6 * 20
+    want = expected_gba_drops(n, m, steps * m, iota, lambda w, j: cost * model.factor(w, j))
+    assert got["dropped_gradients"] == len(want) > 0
+    assert got["gradients_applied"] == steps * m - len(want)
+    assert got["updates"] == steps
+
+
+@pytest.mark.parametrize("mode", ["gba", "sync", "async", "hop_bs", "bsp", "hop_bw"])
+def test_deterministic_mode_is_bit_reproducible(mode):
+    kw = dict(steps=5, workers=4, stragglers="lognormal:sigma=0.5+slow:k=1,factor=3",
+              bandwidth_gbps=10.0, b3=1, b2=3, b1=1)
+    a, b = gba.run(cfg_gba(mode, **kw)), gba.run(cfg_gba(mode, **kw))
+    assert_trees(a["final_state"], b["final_state"])
+    assert a["schedule"].trace == b["schedule"].trace
+    assert a["dense_staleness"] == b["dense_staleness"] and a["eval_ne"] == b["eval_ne"]
+
+
+@pytest.mark.parametrize("mode", ["sync", "hop_bs"])
+def test_waiting_workers_cost_no_events(mode):
+    """A parked Wait is resumed once, when a write makes it true: every worker runs exactly
+    1 + 2 x (its batches) + 1 events, however long it waits for the straggler (a busy wait on
+    the virtual clock would add events in proportion to the waiting time)."""
+    steps, n = 6, 4
+    s = gba.run(cfg_gba(mode, steps=steps, workers=n, b1=1,
+                        stragglers="slow:k=1,factor=20"))
+    q = steps * 4
+    assert s["tokens_handed_out"] == q
+    assert s["schedule"].events == 2 * q + 2 * n
+
+
+def test_counters_and_metrics_records(tmp_path):
+    cfg = cfg_gba("gba", steps=6, stragglers="slow:k=1,factor=4", iota=1,
+                  train={"out": str(tmp_path), "log_every": 2})
+    s = gba.run(cfg)
+    for key in ("global_qps", "local_qps", "dropped_gradients", "dense_staleness",
+                "embedding_staleness", "tokens_handed_out", "hardware", "data_stats"):
+        assert key in s
+    assert s["tokens_handed_out"] == 6 * 4 and len(s["local_qps"]) == 4
+    assert s["gradients_applied"] + s["dropped_gradients"] == 24
+    assert s["global_qps"] == pytest.approx(sum(s["local_qps"]))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    kinds = [__import__("json").loads(x)["kind"] for x in lines]
+    assert kinds.count("train") == 6 and "gba" in kinds and "eval" in kinds
+
+
+def test_refuses_a_used_out_and_resumes_a_single_checkpoint(tmp_path):
+    """The run contract: a fresh run refuses --out with checkpoints; --resume from a single
+    run's checkpoint continues the global step (the hand-over of Sec. 4.1)."""
+    from recjax.train import loop
+
+    out = {"out": str(tmp_path)}
+    single = small_cfg("single", steps=4, train=out)
+    loop.run(single)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        gba.run(cfg_gba("gba", steps=8, train=out))
+    s = gba.run(cfg_gba("gba", steps=8, train={**out, "resume": True}))
+    assert s["resumed_from_step"] == 4 and s["steps"] == 8 and s["updates"] == 4
+
+
+def test_token_list_and_data_list_cover_the_single_trainers_batches():
+    """M consecutive entries of B_a rows are exactly one global batch of the single trainer."""
+    cfg = cfg_gba("sync", steps=3)
+    rt_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=16))
+    small = worker_batches(rt_cfg, 0, 1, 12)
+    big = global_batches(cfg, 3)
+    for s in range(3):
+        cat = Batch(*(np.concatenate([getattr(b, f) for b in small[4 * s:4 * s + 4]])
+                      if getattr(big[s], f) is not None else None for f in Batch._fields))
+        for f in ("dense", "ids", "label"):
+            np.testing.assert_array_equal(getattr(cat, f), getattr(big[s], f))
