@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from algorithms import async_ps, shadowsync
+from algorithms import async_ps, gba, shadowsync
 from recjax.config import Config
 from recjax.train import loop
 
 RUNNERS: dict[str, Callable[[Config], dict]] = {"single": loop.run}
 RUNNERS["sync"] = lambda cfg: __import__("algorithms.sync", fromlist=["run"]).run(cfg)
 RUNNERS["des"] = lambda cfg: __import__("algorithms.des", fromlist=["run"]).run(cfg)
-RUNNERS.update({"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run})
+RUNNERS.update({"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run,
+                "gba": gba.run})
 
 
 def run(cfg: Config) -> dict:

@@ -217,7 +217,8 @@ class Schedule:
     """What an interpreter reports. Attributes:
       seconds: wall seconds (threaded) or virtual seconds (virtual) until the foreground ended.
       trace: role indices in the order their events ran (virtual mode only).
-      events: events the virtual clock ran (a parked `Wait` adds one, when it is released).
+      events: times the virtual clock resumed a role (a parked `Wait` adds one, when it is
+        released; a transfer's own events are not counted).
     """
 
     seconds: float
@@ -304,6 +305,9 @@ def run_virtual(roles: list[RoleSpec]) -> Schedule:
     for i in range(len(roles)):
         schedule(0.0, i)
     values: list[Any] = [None] * len(roles)
+    # A Work's transfers, still to go: a link is reserved when the transfer really starts (at
+    # its event), so links serve transfers in time order, not in the order roles yielded.
+    transfers: dict[int, tuple[list[tuple[Link, int]], float]] = {}
     parked: dict[int, dict[int, tuple[int, float, Any, float]]] = {}
     waiting: dict[int, tuple[Signal, int, list[tuple[int, Callable[[], bool]]]]] = {}
     fg_left = sum(r.foreground for r in roles)
@@ -318,6 +322,15 @@ def run_virtual(roles: list[RoleSpec]) -> Schedule:
                                        "condition that no running role can make true")
                 break  # parties of a collective whose peers are gone
             now, _, i = heapq.heappop(heap)
+            if i in transfers:
+                left, pause = transfers[i]
+                if left:
+                    link, nbytes = left.pop(0)
+                    schedule(link.virtual(now, nbytes), i)
+                else:
+                    del transfers[i]
+                    schedule(now + pause, i)
+                continue
             trace.append(i)
             try:
                 effect = roles[i].role.send(values[i])
@@ -327,9 +340,11 @@ def run_virtual(roles: list[RoleSpec]) -> Schedule:
             values[i] = None
             if isinstance(effect, Work):
                 t = now + effect.seconds * effect.factor
-                for link, nbytes in effect.transfers:
-                    t = link.virtual(t, nbytes)
-                schedule(t + effect.pause, i)
+                if effect.transfers:
+                    transfers[i] = (list(effect.transfers), effect.pause)
+                    schedule(t, i)
+                else:
+                    schedule(t + effect.pause, i)
             elif isinstance(effect, Wait):
                 values[i] = True
                 if effect.condition():

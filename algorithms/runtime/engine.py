@@ -78,6 +78,7 @@ class Counters:
     """A role's counters (owned by one role: no locks). Attributes:
       iterations: training iterations done.
       metrics: per-iteration `StepMetrics` (each batch scored before its update).
+      indices: the supply's index of each iteration's batch (GBA: its data-list entry).
       shard_bytes: embedding bytes served per PS shard.
       syncs: syncs performed.
       sync_bytes: bytes moved by syncs.
@@ -85,6 +86,7 @@ class Counters:
 
     iterations: int = 0
     metrics: list = dataclasses.field(default_factory=list)
+    indices: list = dataclasses.field(default_factory=list)
     shard_bytes: list = dataclasses.field(default_factory=list)
     syncs: int = 0
     sync_bytes: int = 0
@@ -113,6 +115,7 @@ class Worker:
         minis = rt.ps.pull(rows)
         m, g_params, grads = (rt.grads_rows if coalesce else rt.grads)(params, minis, local)
         self.counters.metrics.append(m)
+        self.counters.indices.append(item[0])
         nbytes = rt.ps.shard_bytes(rows)
         for s, b in enumerate(nbytes):
             self.counters.shard_bytes[s] += b
@@ -173,6 +176,8 @@ class Runtime:
         self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
         self.ps = ps_lib.EmbeddingPS(layout, state.tables, state.slots, self.sparse_opt,
                                      self.placement, rc.ps_shards)
+        for shard in self.ps.shards:  # the sparse optimizer's step goes on from the checkpoint
+            shard.step = self.start_step
 
         def grads(params, minis, batch):
             acts = lookup(mini, minis, batch.ids, batch.mask)
