@@ -257,8 +257,8 @@ class GbaServer:
             total = kept[0].dense
             for e in kept[1:]:
                 total = _tree_add(total, e.dense)
-            self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state,
-                                                         _tree_scale(total, 1.0 / denom))
+            mean = total if denom == 1 else _tree_scale(total, 1.0 / denom)
+            self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state, mean)
             self._apply_rows(kept, len(entries))
         self.stats.updates += 1
         self.version += 1
@@ -268,6 +268,21 @@ class GbaServer:
     def _apply_rows(self, kept: list[Grad], n_entries: int) -> None:
         """Per table: drop stale rows, average each id over the gradients that touched it."""
         rt, gc, k = self.rt, self.gc, self.version
+        if len(kept) == 1 and not (self.p.mode == "gba" and gc.embedding_staleness == "id"):
+            # one gradient (async, or a buffer of one): its rows are unique already and each
+            # was touched once, so the mean is the sum; push it as it came
+            e = kept[0]
+            scale = 1.0 if gc.embedding_mean == "touched" else 1.0 / n_entries
+            stale = []
+            for name, (ids, n) in e.rows.items():
+                stale.append(np.maximum(self.tag[name][ids[:n]] - e.version, 0))
+                self.tag[name][ids[:n]] = k + 1
+            self.stats.add_rows(np.concatenate(stale))
+            local = {name: np.arange(ids.size, dtype=np.int32) for name, (ids, _) in e.rows.items()}
+            rt.ps.push(e.rows, {name: (local[name], e.sums[name] if scale == 1.0
+                                       else np.asarray(e.sums[name]) * np.float32(scale))
+                                for name in e.rows})
+            return
         cap = self.p.aggregate * rt.batch_size * rt.data.spec.max_len  # fixed shapes: one compile
         rows: Rows = {}
         grads: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -284,11 +299,15 @@ class GbaServer:
                 ok = tag - token <= gc.iota  # App. B: the row's last update, not k
                 self.stats.dropped_rows += int((~ok).sum())
             stale_all.append(stale[ok])
-            uniq, inv = np.unique(ids[ok], return_inverse=True)
-            summed = np.zeros((uniq.size, g.shape[1]), np.float32)
-            np.add.at(summed, inv, g[ok])
+            ids, g = ids[ok], g[ok]
+            order = np.argsort(ids, kind="stable")  # equal ids in buffer (index) order
+            ids, g = ids[order], g[order]
+            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+            uniq = ids[starts]
+            summed = np.add.reduceat(g, starts, axis=0) if ids.size else g[:0]
             if gc.embedding_mean == "touched":
-                summed /= np.bincount(inv, minlength=uniq.size)[:, None].astype(np.float32)
+                counts = np.diff(np.r_[starts, ids.size])
+                summed /= counts[:, None].astype(np.float32)
             else:
                 summed /= np.float32(n_entries)
             size = cap * len(t.field_index)
@@ -412,7 +431,8 @@ def server_warm(server: GbaServer) -> None:
     probe = GbaServer(rt, server.p, server.params, server.opt_state)
     saved = rt.ps.snapshot()
     step0 = [sh.step for sh in rt.ps.shards]
-    probe._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)], 1)
+    n = server.p.aggregate  # the shapes of a full update (a buffer of one takes a fast path)
+    probe._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n, n)
     rt.ps.restore(*saved)
     for sh, s in zip(rt.ps.shards, step0):
         sh.step = s
