@@ -200,8 +200,12 @@ def report(tables: dict, scale: dict, quick: bool, secs: float, bench: list | No
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gba"]:  # the GBA study has its own options: scripts/compare_gba.py
+        from scripts import compare_gba
+        return compare_gba.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("study", choices=["shadowsync"])
+    p.add_argument("study", choices=["shadowsync", "gba"])
     p.add_argument("--quick", action="store_true", help="smaller runs (about a third of the time)")
     p.add_argument("--frappe", default=FRAPPE, help="Frappe libfm file")
     p.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
