@@ -231,6 +231,15 @@ class GbaServer:
                     self.buffer = []
         self.signal.notify()
 
+    def snapshot(self) -> tuple[Any, Any, int]:
+        """``(dense params, optimizer state, k)``: the tables are the embedding PS's own."""
+        return self.params, self.opt_state, self.version
+
+    def restore(self, params: Any, opt_state: Any, version: int) -> None:
+        with self._lock:
+            self.params, self.opt_state, self.version = params, opt_state, version
+        self.signal.notify()
+
     def flush(self) -> None:
         """Apply what is left in the buffer at the end of the data list (no role runs)."""
         if self.buffer:

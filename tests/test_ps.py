@@ -101,3 +101,42 @@ def test_profile_costs_count_unique_rows():
     n_b = len(np.unique(batch.ids[:, 1]))
     assert costs["emb/b"] == n_b * 4 * 4 * 2 and costs["wide/b"] == n_b * 1 * 4 * 2
     jax.block_until_ready(costs)
+
+
+def test_ps_messages_are_values():
+    """pull/push/snapshot/restore never hand out or keep a caller's object (DESIGN.md 4.2):
+    writing into what a PS returned, or into what was given to it, changes nothing inside."""
+    layout, batch, tables = setup()
+    opt = make_sparse_optimizer(SparseOptimConfig("sgd", lr=0.5))
+    store = ps.EmbeddingPS(layout, tables, {k: () for k in tables}, opt,
+                           {t.name: 0 for t in layout.tables}, 1)
+    _, rows = ps.localize(layout, batch)
+    pulled = store.pull(rows)
+    before = {k: v.copy() for k, v in store.snapshot()[0].items()}
+    for v in pulled.values():
+        v += 1.0
+    snap_t, snap_s = store.snapshot()
+    for v in snap_t.values():
+        v *= 3.0
+    for k in tables:
+        tables[k] += 7.0  # the arrays the PS was built from
+    np.testing.assert_equal(store.snapshot()[0], before)
+    store.restore(snap_t, snap_s)  # restore copies: later writes to snap_t stay outside
+    for v in snap_t.values():
+        v[:] = 0.0
+    np.testing.assert_equal(store.snapshot()[0], {k: 3.0 * v for k, v in before.items()})
+
+    w0 = {"w": jnp.ones(3)}
+    sps = ps.SyncPS({"w": jnp.zeros(3)}, lambda a, b: (jax.tree.map(lambda x, y: (x + y) / 2, a, b),
+                                                       jax.tree.map(lambda x, y: (x + y) / 2, b, a)))
+    w1 = sps.exchange(w0)
+    np.testing.assert_array_equal(w0["w"], np.ones(3))  # the caller's replica is untouched
+    np.testing.assert_array_equal(w1["w"], 0.5 * np.ones(3))
+    np.testing.assert_array_equal(sps.snapshot()["w"], 0.5 * np.ones(3))
+
+    dps = ps.DensePS({"w": jnp.zeros(2)}, (), lambda p, o, g: ({"w": p["w"] - g["w"]}, o))
+    saved = dps.snapshot()
+    dps.push({"w": jnp.ones(2)}, 0)
+    np.testing.assert_array_equal(dps.pull()[0]["w"], -np.ones(2))
+    dps.restore(*saved)
+    np.testing.assert_array_equal(dps.pull()[0]["w"], np.zeros(2))

@@ -227,6 +227,13 @@ class SyncPS:
             self.w, w_i = self._exchange(self.w, w_i)
         return w_i
 
+    def snapshot(self) -> Any:
+        return self.w
+
+    def restore(self, w: Any) -> None:
+        with self._lock:
+            self.w = w
+
 
 class DensePS:
     """The async (Downpour) PS of the dense params: applies every pushed gradient at once.
@@ -254,3 +261,7 @@ class DensePS:
 
     def snapshot(self) -> tuple[Any, Any]:
         return self.params, self.opt_state
+
+    def restore(self, params: Any, opt_state: Any) -> None:
+        with self._lock:
+            self.params, self.opt_state = params, opt_state
