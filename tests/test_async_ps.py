@@ -54,3 +54,11 @@ def test_resume_continues_each_workers_data(tmp_path):
     with pytest.raises(ValueError, match="already reaches"):
         async_ps.run(small_cfg("async", steps=12, trainers=1, workers_per_trainer=1,
                                train={**out, "resume": True}))
+
+
+def test_run_ends_at_exactly_the_requested_step():
+    """10 steps over 4 workers: two workers take 3 batches, two take 2 (the old equal quotas
+    of 10 // 4 ended the run at step 8, and a resumed run came up short the same way)."""
+    s = async_ps.run(small_cfg("async", steps=10, trainers=2, workers_per_trainer=2))
+    assert s["steps"] == 10 and s["worker_iterations"] == 10
+    assert sum(int(v) for v in s["staleness_histogram"].values()) == 10

@@ -219,18 +219,18 @@ class Runtime:
         return 0 if self.cfg.train.deterministic else self.cfg.data.prefetch
 
     def static_shards(self) -> StaticShards:
-        """Per-worker shards: each worker trains ``(total - start) / W`` batches of its shard.
+        """Per-worker shards: the workers train the ``total - start`` remaining steps between
+        them (one batch each per step), so the run ends at exactly the requested step.
 
         A resumed run continues each worker's shard where it stopped: exact after a completed
-        segment (equal quotas); after a Ctrl-C, workers resume at their average position.
+        segment of equal shares; after a Ctrl-C, workers resume at their average position.
         """
         remaining = self.total_steps - self.start_step
-        quota = remaining // self.num_workers
-        if quota < 1:
+        if remaining < self.num_workers:
             raise ValueError(f"{remaining} steps cannot feed {self.num_workers} workers; "
                              "raise --steps or lower --trainers / --workers-per-trainer")
         return StaticShards(self.data, self.batch_size, self.cfg.train.seed, self._shuffle,
-                            self.num_workers, self.start_step // self.num_workers, quota,
+                            self.num_workers, self.start_step // self.num_workers, remaining,
                             self._localize, self._depth)
 
     def shared_list(self, m: int) -> SharedList:

@@ -36,7 +36,7 @@ def shuffle_buffer(data: RunData, configured: int) -> int:
 
 
 class StaticShards:
-    """Per-worker shards of the data (``row % W``), ``quota`` batches each after ``skip``.
+    """Per-worker shards of the data (``row % W``), ``quota`` batches in all after ``skip``.
 
     Args:
       data: the run's data.
@@ -45,7 +45,9 @@ class StaticShards:
       buffer: shuffle buffer (see `shuffle_buffer`).
       num_workers: W.
       skip: batches of its shard each worker consumed before the checkpoint this run resumes.
-      quota: batches each worker trains on in this run.
+      quota: batches the workers train on in this run, together: worker w takes
+        ``quota // W``, plus one when ``w < quota % W``, so the run ends at exactly the
+        requested step.
       transform: applied to each batch in the prefetch thread (`ps.localize`).
       depth: prefetch depth (0 = inline: deterministic runs).
     """
@@ -73,9 +75,13 @@ class StaticShards:
                                  f"of {self.batch_size} per epoch; lower --batch-size")
             epoch += 1
 
+    def share(self, wid: int) -> int:
+        """Batches worker `wid` takes in this run."""
+        return self.quota // self.num_workers + (wid < self.quota % self.num_workers)
+
     def take(self, wid: int) -> tuple[int, Any] | None:
         """Worker `wid`'s next ``(index within its shard, localized batch)``, or None."""
-        if self._taken[wid] >= self.quota:
+        if self._taken[wid] >= self.share(wid):
             return None
         if wid not in self._streams:  # only this worker's role touches its stream
             self._streams[wid] = Prefetcher(self._gen(wid), depth=self._depth,
