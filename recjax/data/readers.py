@@ -41,7 +41,7 @@ _SEPARATOR_NAMES = {b"\t": "tab", b",": "comma", None: "whitespace"}
 _INT_CHARS = b"0123456789-"
 _HEX_CHARS = b"0123456789abcdef"
 _INT_RE = re.compile(rb"-?[0-9]+")
-_INT64_MAX = 2**63 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"PK\x03\x04": "zip"}
 _DECOMPRESS = {"gzip": "gunzip", "bzip2": "bunzip2", "xz": "unxz", "zip": "unzip"}
 
@@ -98,11 +98,21 @@ def parse_ints(tokens: Sequence[bytes], field: str, bad: Problems,
                 bad.add(i, field, "missing value: the field is empty, expected an integer")
         elif not _INT_RE.fullmatch(t):
             bad.add(i, field, f"not an integer: got {show(t)}")
-        elif len(t) > 20 or abs(int(t)) > _INT64_MAX:  # (int() refuses > 4300 digits)
+        elif (v := _int64(t)) is None:
             bad.add(i, field, f"integer out of range: got {show(t)}, beyond 64 bits")
         else:
-            out[i] = int(t)
+            out[i] = v
     return out
+
+
+def _int64(t: bytes) -> int | None:
+    """The value of a ``-?[0-9]+`` token if it fits int64, else None. Leading zeros are allowed,
+    as on the fast path (``int()``); they are stripped first because int() refuses > 4300 digits."""
+    digits = t.lstrip(b"-").lstrip(b"0") or b"0"
+    if len(digits) > 19:
+        return None
+    v = -int(digits) if t.startswith(b"-") else int(digits)
+    return v if _INT64_MIN <= v <= _INT64_MAX else None
 
 
 def parse_floats(tokens: Sequence[bytes], field: str, bad: Problems) -> np.ndarray:
