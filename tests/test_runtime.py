@@ -1,6 +1,8 @@
 """The runtime's machinery: thread group, both interpreters, stragglers, clean shutdown."""
 
 import _thread
+import os
+import signal
 import threading
 import time
 import traceback
@@ -180,13 +182,20 @@ def test_failing_ps_shard_stops_run_and_keeps_checkpoint(monkeypatch, tmp_path):
     assert int(state.step) == 8
 
 
-def test_ctrl_c_stops_threads_and_checkpoints(monkeypatch, tmp_path):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_stops_threads_and_checkpoints(monkeypatch, tmp_path, sig):
+    """Ctrl-C (SIGINT) and a scheduler's SIGTERM both stop every role and leave a checkpoint.
+    Before, SIGTERM killed the run with nothing saved, and a SIGINT that arrived while the main
+    thread ran a C-invoked callback (JAX's GC hook) was swallowed: the run went on."""
     orig, calls = Worker.push, [0]
 
     def push(self, pending):
         calls[0] += 1
         if calls[0] == 20:
-            _thread.interrupt_main()  # what Ctrl-C does
+            if sig == "SIGINT":
+                _thread.interrupt_main()  # what Ctrl-C does
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
         return orig(self, pending)
 
     monkeypatch.setattr(Worker, "push", push)

@@ -29,8 +29,10 @@ state, as it would in the threaded run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
+import signal
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -260,24 +262,55 @@ def _drive(role: Role, stop: threading.Event, emulate: bool) -> None:
         role.close()  # runs the role's finally blocks (e.g. closing its collectives)
 
 
+@contextlib.contextmanager
+def _signals_stop(stop: threading.Event):
+    """While the roles run, SIGINT and SIGTERM set `stop` instead of raising in the main thread.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be, also inside a
+    callback that C code invoked (a JAX garbage-collection hook), where it is printed and
+    swallowed: the run went on as if no Ctrl-C had come. A handler that only sets a flag cannot
+    be lost; `run_threaded` turns the flag into KeyboardInterrupt once the roles have stopped.
+    Yields the list of signals received (empty outside the main thread: no handlers there).
+    """
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum, frame):
+        got.append(signum)
+        stop.set()
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield got
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool = True,
                  on_poll: Callable[[], None] | None = None) -> Schedule:
     """Run every role in its own thread of `group`; returns when the foreground roles ended.
 
     Raises:
       The first exception of any role (the group is stopped and joined first), or
-      KeyboardInterrupt.
+      KeyboardInterrupt on SIGINT or SIGTERM (after every role has stopped).
     """
     t0 = time.perf_counter()
-    threads = [group.spawn(_drive, r.role, group.stop, emulate_links, name=r.name) for r in roles]
-    try:
-        group.wait([t for t, r in zip(threads, roles) if r.foreground], on_poll=on_poll)
-        seconds = time.perf_counter() - t0
-    finally:
-        left = group.close()
+    with _signals_stop(group.stop) as signals:
+        threads = [group.spawn(_drive, r.role, group.stop, emulate_links, name=r.name)
+                   for r in roles]
+        try:
+            group.wait([t for t, r in zip(threads, roles) if r.foreground], on_poll=on_poll)
+            seconds = time.perf_counter() - t0
+        finally:
+            left = group.close()
     group.raise_if_failed()
     if left:
         raise RuntimeError(f"threads did not stop within the timeout: {[t.name for t in left]}")
+    if signals:
+        raise KeyboardInterrupt(f"signal {signals[0]}")
     return Schedule(seconds, [])
 
 
