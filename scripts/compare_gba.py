@@ -196,7 +196,8 @@ def verdicts(res: dict) -> list[tuple[str, bool, str]]:
         lose = all(v < g for v in worse.values())
         out.append((f"{direction}: GBA's AUC within {PAR} of sync (avg over chunks)", near,
                     f"GBA - single = {g:+.4f} (first {d['gba']['first']:+.4f}, "
-                    f"last {d['gba']['last']:+.4f})"))
+                    f"last {d['gba']['last']:+.4f}); GBA - gba.mode=sync = "
+                    f"{g - d['sync']['avg']:+.4f}"))
         out.append((f"{direction}: Hop-BS, BSP, Hop-BW and Async lose more than GBA", lose,
                     ", ".join(f"{m} {v:+.4f}" for m, v in worse.items())))
     return out
@@ -285,6 +286,7 @@ def plot(results: dict, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: a small svg
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(results), 2, figsize=(9, 3.2 * len(results)), squeeze=False)
@@ -295,12 +297,12 @@ def plot(results: dict, path: pathlib.Path) -> None:
             style = dict(color="k", lw=2.2) if name == "single" else dict(lw=1.3)
             row[0].plot(steps, [r["eval_auc"] for r in res["forward"][name]["chunks"]], "o-",
                         ms=3, label=name if name == "single" else f"gba.mode={name}", **style)
-        row[1].plot(steps[sch["back_at"]:], [r["eval_auc"] for r in
-                    res["forward"]["single"]["chunks"]][sch["back_at"]:], "o-", ms=3, color="k",
-                    lw=2.2)
+        b = sch["back_at"]  # the back-to-sync lines start at the switch point (the mode's AUC)
+        ref = [r["eval_auc"] for r in res["forward"]["single"]["chunks"]]
+        row[1].plot(steps[b - 1:], ref[b - 1:], "o-", ms=3, color="k", lw=2.2)
         for name in MODES:
-            row[1].plot(steps[sch["back_at"]:],
-                        [r["eval_auc"] for r in res["back"][name]["chunks"]], "o-", ms=3, lw=1.3)
+            row[1].plot(steps[b - 1:], [res["forward"][name]["chunks"][b - 1]["eval_auc"]]
+                        + [r["eval_auc"] for r in res["back"][name]["chunks"]], "o-", ms=3, lw=1.3)
         row[0].set_title(f"{ds}: switched from sync at step {sch['base']}", fontsize=9)
         row[1].set_title(f"{ds}: mode until step {steps[sch['back_at'] - 1]}, then sync",
                          fontsize=9)
@@ -310,10 +312,10 @@ def plot(results: dict, path: pathlib.Path) -> None:
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(ARMS), fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     fig.savefig(path.with_suffix(".svg"))
-    fig.savefig(path.with_suffix(".png"), dpi=90)
+    fig.savefig(path.with_suffix(".png"), dpi=72)
     plt.close(fig)
 
 
