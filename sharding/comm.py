@@ -14,12 +14,18 @@ Of a ``lax.cond`` only the lighter branch is counted: one branch runs, and in sy
 the heavier one is the exact fallback taken only over capacity (summary.json counts those on
 the first batches as ``route_over_capacity``).
 
-`mesh_lookup_bytes` is the communication DES replaces (Rong et al., SIGIR 2020, Sec. 4): a
-data-parallel worker holding B/N examples pulls the rows of its unique ids from the embedding
+`mesh_lookup_bytes` is the communication DES replaces (Rong et al., SIGIR 2020, Sec. 4.1-4.3):
+a data-parallel worker holding B/N examples pulls the rows of its unique ids from the embedding
 shards (ids + rows) and pushes their gradients back, for the fraction (N-1)/N of rows that live
-elsewhere: ``Q_mesh = sum_w (N-1)/N * U_w * (4 + 2 * 4 * D)`` per table group. DES instead
-all-reduces its partial results of width W per example over the N field shards:
-``Q_DES = 2 (N-1) * B * W * 4``. ``R = 1 - Q_DES / Q_mesh``.
+elsewhere: ``Q_mesh = sum_w (N-1)/N * U_w * (K + P * 4 * D)`` per table group, K = 4 (our int32
+ids) and P = 2 (pull rows, push gradients). DES instead all-reduces its partial results of
+width W per example over the N field shards: ``Q_DES = 2 (N-1) * B * W * 4``.
+``R = 1 - Q_DES / Q_mesh``.
+
+The paper counts less on the mesh side: uint64 keys and the pull only (K = 8, P = 1:
+``Q^Mesh = (N-1)/N (S_f + S_w)``, Sec. 4.1), and it compares one worker's batch of B under
+both strategies; with ``unique = [U] * N`` and ``key_bytes=8, directions=1`` these functions
+give its ``R_lr`` and ``R_fm(2)``, which reproduce its Table 2 (tests/test_des_table2.py).
 """
 
 from __future__ import annotations
@@ -116,10 +122,18 @@ def unique_per_worker(ids: np.ndarray, n_workers: int, table_of_field: list[str]
     return out
 
 
-def mesh_lookup_bytes(unique: list[int], n_shards: int, dims: Iterable[int]) -> float:
-    """Q_mesh: ids + pulled rows + pushed row gradients of every worker, for groups of `dims`."""
+def mesh_lookup_bytes(unique: list[int], n_shards: int, dims: Iterable[int], *,
+                      key_bytes: int = ID_BYTES, directions: int = 2) -> float:
+    """Q_mesh: ids + pulled rows (+ pushed row gradients) of every worker, for groups of `dims`.
+
+    Args:
+      unique: U_w, distinct ids of each worker's examples.
+      key_bytes: K, bytes per id sent (ours int32: 4; the paper's uint64 keys: 8).
+      directions: P, row transfers per id: 2 = pull rows and push their gradients (ours),
+        1 = pull only (the paper's Sec. 4 accounting).
+    """
     remote = (n_shards - 1) / n_shards
-    return float(sum(remote * u * (ID_BYTES + 2 * F32 * d) for u in unique for d in dims))
+    return float(sum(remote * u * (key_bytes + directions * F32 * d) for u in unique for d in dims))
 
 
 def des_bytes(batch: int, n_shards: int, width: int) -> float:
@@ -135,7 +149,9 @@ def des_widths(model: str, embed_dim: int, first_hidden: int) -> tuple[int, tupl
 
 
 def saving_ratio(model: str, batch: int, unique: list[int], n_shards: int, embed_dim: int,
-                 first_hidden: int) -> float:
-    """R = 1 - Q_DES / Q_mesh for one operator at global batch ``batch`` on ``n_shards``."""
+                 first_hidden: int, *, key_bytes: int = ID_BYTES, directions: int = 2) -> float:
+    """R = 1 - Q_DES / Q_mesh for one operator at global batch ``batch`` on ``n_shards``
+    (`mesh_lookup_bytes` for ``key_bytes`` and ``directions``)."""
     width, dims = des_widths(model, embed_dim, first_hidden)
-    return 1.0 - des_bytes(batch, n_shards, width) / mesh_lookup_bytes(unique, n_shards, dims)
+    mesh = mesh_lookup_bytes(unique, n_shards, dims, key_bytes=key_bytes, directions=directions)
+    return 1.0 - des_bytes(batch, n_shards, width) / mesh
