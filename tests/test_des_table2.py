@@ -78,6 +78,12 @@ def test_our_accounting_differs_from_the_papers_only_where_it_should():
     assert abs(paper_formula("fm", b, u) - r_fm) > 0.2
 
 
+def test_inferred_dnn_constants_are_the_least_squares_fit():
+    h, s_w = fit_dnn()
+    assert h == pytest.approx(H_INFERRED, abs=0.5)
+    assert s_w == pytest.approx(S_W_INFERRED, rel=1e-3)
+
+
 def test_byte_formulas_by_hand():
     """Q_mesh and Q_DES on numbers small enough to add up by hand."""
     # 2 shards, workers with 3 and 5 distinct ids, D = 4: half of 8 ids x (4 + 2 * 4 * 4) bytes
@@ -123,6 +129,24 @@ def main() -> None:
         u = uniq[b // N]
         lr, fm = (100 * comm.saving_ratio(m, b, [u] * N, N, D_PAPER, H_INFERRED) for m in ("lr", "fm"))
         print(f"| {b} | {u:,} | {lr:.3f} | {fm:.3f} |")
+    h, s_w = fit_dnn()
+    print(f"\nDNN column, least squares: H = {h:.2f}, S_W = {s_w:,.0f} B "
+          f"(= {s_w / 4 / 256:.1f} x 256 float32); unique features per example: "
+          + ", ".join(f"{u / b:.1f} (B={b})" for b, u, *_ in TABLE2))
+    d16 = [100 * comm.saving_ratio("fm", b, [u] * N, N, 16, H_INFERRED, **PAPER_ACCOUNTING)
+           for b, u, *_ in TABLE2]
+    print("R_fm(2) with d = 16 instead of 8:", ", ".join(f"{r:.3f}" for r in d16))
+
+
+def fit_dnn() -> tuple[float, float]:
+    """(H, S_W) by least squares over the DNN column: (1 - R)(S_f + S_V + S_W) = 2 * 4 B H."""
+    import numpy as np
+
+    b, u, r = (np.array([row[i] for row in TABLE2], float) for i in (0, 1, 4))
+    y = 1 - r / 100
+    per_id = comm.mesh_lookup_bytes([1], 2, (D_PAPER,), **PAPER_ACCOUNTING) * 2  # S_f + S_V per U
+    (s_w, h), *_ = np.linalg.lstsq(np.stack([y, -8 * b], 1), -y * per_id * u, rcond=None)
+    return float(h), float(s_w)
 
 
 if __name__ == "__main__":
