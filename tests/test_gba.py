@@ -236,4 +236,5 @@ def test_sync_to_gba_to_sync_through_one_out(tmp_path):
         xa = np.arange(switch + 1, switch + 7)
         after = np.array([loss[s] for s in xa])
         drift = after.mean() - (slope * xa + icept).mean()
+        print(f"switch at step {switch}: drift {drift:+.4f}, residual sd {sigma:.4f}")
         assert abs(drift) <= 3 * sigma, (switch, drift, sigma, before, after)
