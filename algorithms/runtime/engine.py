@@ -281,7 +281,9 @@ class Runtime:
         except KeyboardInterrupt:
             if self.ckpt is not None and snapshot is not None:
                 params, opt_state, step = snapshot()
-                self.progress.add(self._totals(workers))
+                totals = self._totals(workers)
+                contract.check_finite(totals, f"before step {step}", self.ckpt)
+                self.progress.add(totals)
                 contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step),
                               self.progress, time.perf_counter() - self.t0, interrupted=True)
                 print(f"interrupted at step {step}; checkpoint in {self.cfg.train.out}")
@@ -303,7 +305,9 @@ class Runtime:
         iterations = sum(w.counters.iterations for w in workers)
         step = self.start_step + iterations if step is None else step
         state = self.state(params, opt_state, step)
-        self.progress.add(self._totals(workers))
+        totals = self._totals(workers)
+        contract.check_finite(totals, f"in steps {self.start_step + 1}-{step}", self.ckpt)
+        self.progress.add(totals)
         wall = time.perf_counter() - self.t0
         self.progress.train_seconds += sched.seconds
         self.progress.timed_steps += step - self.start_step

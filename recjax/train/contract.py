@@ -90,12 +90,38 @@ class Progress:
                 "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now}
 
 
-def sum_metrics(ms: list[StepMetrics]) -> dict:
-    """StepMetrics sums over `ms` (fetched from the device), plus the last step's loss."""
+class DivergedError(ValueError):
+    """The training loss became NaN or infinite: the run stops, nothing non-finite is saved."""
+
+
+def sum_metrics(ms: list[StepMetrics], step: int | None = None, ckpt: Checkpointer | None = None
+                ) -> dict:
+    """StepMetrics sums over `ms` (fetched from the device), plus the last step's loss.
+
+    Raises:
+      DivergedError: a loss in `ms` is not finite (with `step`, the end of the window, and the
+        last checkpoint in the message).
+    """
     host = jax.device_get(ms)
     s = {k: float(sum(getattr(m, k) for m in host)) for k in StepMetrics._fields}
     s["loss"] = float(host[-1].loss)
+    if step is not None:
+        check_finite(s, f"in steps {step - len(ms) + 1}-{step}", ckpt)
     return s
+
+
+def check_finite(sums: dict, where: str, ckpt: Checkpointer | None) -> None:
+    """Raise `DivergedError` if the loss sums are NaN or infinite (before anything is saved)."""
+    if np.isfinite(sums["logloss_sum"]) and np.isfinite(sums.get("loss", 0.0)):
+        return
+    last = ckpt.latest_step() if ckpt is not None else None
+    raise DivergedError(
+        f"the training loss became NaN or infinite {where}; the run stops without saving that "
+        "state. "
+        + (f"The last good checkpoint is step {last} in {ckpt.directory}. " if last is not None
+           else "No checkpoint was written before it. ")
+        + "Lower the learning rates (--dense.lr, --sparse.lr), add --dense.clip_norm, or check "
+        "the input data for extreme values")
 
 
 def ne_from_sums(s: dict) -> float:
@@ -119,6 +145,8 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
         config differs from the checkpoint's in a key that changes the trajectory.
     """
     tc = cfg.train
+    if tc.out and checkpoints:
+        lock_out(tc.out)
     ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts)
             if tc.out and checkpoints else None)
     if tc.resume:
@@ -133,6 +161,39 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
                          f"{latest}); pass --resume to continue it, or use another --out (or "
                          "delete that directory)")
     return ckpt, state, Progress()
+
+
+_LOCKS: dict[str, Any] = {}  # run directory -> its open lock file, held until the process ends
+
+
+def lock_out(out: str) -> None:
+    """Take ``out/.lock`` (an exclusive flock) for this process, or refuse: two runs writing one
+    ``--out`` corrupt each other's checkpoints and metrics. The lock is released when the
+    process ends (also on kill -9); runs one after another in one process reuse it.
+
+    Raises:
+      ValueError: another process holds the lock.
+    """
+    import fcntl
+
+    path = os.path.abspath(out)
+    if path in _LOCKS:
+        return
+    os.makedirs(path, exist_ok=True)
+    f = open(os.path.join(path, ".lock"), "a+")  # noqa: SIM115 (held for the process's life)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        who = f.read().strip() or "another process"
+        f.close()
+        raise ValueError(f"{path} is in use by another run ({who}); wait for it to finish, or "
+                         "use another --out") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    _LOCKS[path] = f
 
 
 def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,

@@ -139,7 +139,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         nonlocal window, paused
         t = time.perf_counter()
         if window:  # fold pending Train-NE sums in, so the checkpoint carries all of them
-            progress.add(contract.sum_metrics(window))
+            progress.add(contract.sum_metrics(window, step, ckpt))
             window = []
         progress.train_seconds = train_seconds_before + (t - t_first - paused if t_first else 0.0)
         progress.timed_steps = timed_before + (at - first_step if t_first else 0)
@@ -159,7 +159,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                 t_first = t_log = time.perf_counter()
                 first_step, log_from = step, step
             if step % tc.log_every == 0 or step == stop_at:
-                s = contract.sum_metrics(window) if window else None
+                s = contract.sum_metrics(window, step, ckpt) if window else None
                 now = time.perf_counter()
                 rate = (step - log_from) * tc.batch_size / max(now - t_log, 1e-9)
                 if s is not None:
@@ -198,7 +198,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         except RuntimeError as e:  # interrupted inside a dispatch: the donated state is gone
             print(f"could not checkpoint step {step} ({e}); the previous checkpoint is intact")
     elif window:
-        progress.add(contract.sum_metrics(window))
+        progress.add(contract.sum_metrics(window, step, ckpt))
     if interrupted or step < total_steps:
         if ckpt:
             ckpt.close()
