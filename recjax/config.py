@@ -61,6 +61,14 @@ class DataConfig:
             raise ValueError(f"data.hash_buckets must be >= 1, got {self.hash_buckets}")
         if self.workers < 0:
             raise ValueError(f"data.workers must be >= 0 (0 = auto), got {self.workers}")
+        if self.multi_hot_len < 1:
+            raise ValueError(f"data.multi_hot_len must be >= 1, got {self.multi_hot_len}")
+        for name, meaning in (("split_seed", "a seed"), ("shuffle_buffer", "0 = file order"),
+                              ("cache_rows", "0 = no in-memory cache"),
+                              ("prefetch", "0 = no prefetch thread")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"data.{name} must be >= 0 ({meaning}), got "
+                                 f"{getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,7 +325,7 @@ class TrainConfig:
       log_every: steps between progress/metrics.jsonl records.
       eval_every: steps between evals (0 = eval at the end only).
       ckpt_every: steps between checkpoints (0 = only at the end of each epoch and of the run).
-      keep_ckpts: checkpoints kept on disk.
+      keep_ckpts: checkpoints kept on disk (>= 1).
       out: output directory (summary.json, metrics.jsonl, checkpoints/); empty = write nothing.
       resume: continue from the latest checkpoint in out/checkpoints.
       save_predictions: write out/predictions.csv (label,prob per eval example, input order).
@@ -357,8 +365,20 @@ class TrainConfig:
         if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):
             raise ValueError(f"train.microbatches={self.microbatches} must divide "
                              f"train.batch_size={self.batch_size} (or be 0: auto)")
-        if self.steps < 0:
-            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        # Negative values used to pass through silently: keep_ckpts=0 kept no checkpoint at all
+        # and ckpt_every=-1 saved one every step.
+        if self.keep_ckpts < 1:
+            raise ValueError(f"train.keep_ckpts must be >= 1 (checkpoints kept on disk), got "
+                             f"{self.keep_ckpts}")
+        for name, meaning in (("steps", "0 = run train.epochs"),
+                              ("seed", "a seed"),
+                              ("eval_every", "0 = eval at the end only"),
+                              ("ckpt_every", "0 = only at the end of each epoch and of the run"),
+                              ("stop_after", "0 = do not stop early"),
+                              ("devices", "0 = the algorithm's default")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0 ({meaning}), got "
+                                 f"{getattr(self, name)}")
         if self.resume and not self.out:
             raise ValueError("--resume needs --out DIR (the run directory holding checkpoints/)")
         if self.save_predictions and not self.out:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 from typing import Any
 
 
@@ -23,14 +23,24 @@ def _clean(x: Any) -> Any:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to a temp file in the same directory, then rename over `path`."""
+    """Write JSON to a temp file in the same directory, then rename over `path`.
+
+    The temp file is created with mode 0666 minus the umask (0644 under umask 022), as `open()`
+    would create `path`; ``tempfile.mkstemp`` would make it 0600, unreadable to the group.
+    """
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(_clean(obj), f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    tmp = os.path.join(d, f".tmp-{os.path.basename(path)}-{os.getpid()}-{secrets.token_hex(6)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies umask
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_clean(obj), f, indent=2, sort_keys=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 class MetricsWriter:
