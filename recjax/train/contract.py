@@ -179,6 +179,8 @@ def lock_out(out: str) -> None:
     path = os.path.abspath(out)
     if path in _LOCKS:
         return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(f"Not a directory: --out {path} is a file; give a directory")
     os.makedirs(path, exist_ok=True)
     f = open(os.path.join(path, ".lock"), "a+")  # noqa: SIM115 (held for the process's life)
     try:
