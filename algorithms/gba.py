@@ -311,9 +311,11 @@ class GbaServer:
             ids, g = ids[ok], g[ok]
             order = np.argsort(ids, kind="stable")  # equal ids in buffer (index) order
             ids, g = ids[order], g[order]
-            starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-            uniq = ids[starts]
-            summed = np.add.reduceat(g, starts, axis=0) if ids.size else g[:0]
+            if ids.size:
+                starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+                uniq, summed = ids[starts], np.add.reduceat(g, starts, axis=0)
+            else:  # every row of this table was dropped as stale
+                starts, uniq, summed = np.zeros(0, np.int64), ids, g
             if gc.embedding_mean == "touched":
                 counts = np.diff(np.r_[starts, ids.size])
                 summed /= counts[:, None].astype(np.float32)

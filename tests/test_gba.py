@@ -238,3 +238,24 @@ def test_sync_to_gba_to_sync_through_one_out(tmp_path):
         drift = after.mean() - (slope * xa + icept).mean()
         print(f"switch at step {switch}: drift {drift:+.4f}, residual sd {sigma:.4f}")
         assert abs(drift) <= 3 * sigma, (switch, drift, sigma, before, after)
+
+
+def test_rows_dropped_by_their_last_update_leave_the_tables_alone():
+    """App. B's per-id rule (embedding_staleness=id): a row updated at global step 5 is stale
+    for a batch with token 0 when iota = 0, whatever k is; a table whose rows are all dropped
+    gets no update (and no crash on the empty aggregate)."""
+    from algorithms.runtime import Runtime
+
+    cfg = cfg_gba("gba", steps=1, iota=0)
+    p = gba.plan(cfg)
+    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
+    server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
+    local, rows = rt.warm_batch
+    _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+    before = rt.ps.snapshot()[0]
+    for tag in server.tag.values():
+        tag[:] = 5
+    server._apply_rows([gba.Grad(0, 0, 0, 0, g, rows, sums)] * 2, 2)
+    assert server.stats.dropped_rows == 2 * sum(n for _, n in rows.values())
+    np.testing.assert_equal(rt.ps.snapshot()[0], before)
+    rt.close()
