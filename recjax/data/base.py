@@ -29,6 +29,7 @@ class ReadStats:
       rows: examples produced.
       skipped: lines skipped with ``--skip-bad-lines``, by reason (e.g. ``"field count"``).
       first_skipped: ``file:line`` of the first few skipped lines, so a user can look at them.
+      first_lines: their line numbers (not in `as_dict`: for `all_skipped_error`).
       truncated: examples whose multi-hot field had more than ``max_len`` ids (the extra ids
         are dropped), by field name.
     """
@@ -36,17 +37,39 @@ class ReadStats:
     rows: int = 0
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     first_skipped: list = dataclasses.field(default_factory=list)
+    first_lines: list = dataclasses.field(default_factory=list)
     truncated: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def skip(self, err: DataError, keep: int = 5) -> None:
         self.skipped[err.problem.split(":")[0]] += 1
         if len(self.first_skipped) < keep:
             self.first_skipped.append(str(err))
+            self.first_lines.append(err.line)
 
     def as_dict(self) -> dict:
         return {"rows": self.rows, "skipped_lines": sum(self.skipped.values()),
                 "skipped_by_reason": dict(self.skipped), "first_skipped": list(self.first_skipped),
                 "truncated_by_field": dict(self.truncated)}
+
+
+def all_skipped_error(path: str, stats: ReadStats) -> DataError | None:
+    """The error for a pass that skipped lines (``--skip-bad-lines``) and produced no example.
+
+    Without it the run would stop later with "fewer than one batch; lower --batch-size", which
+    hides that the file (or the source kind chosen for it) is wrong.
+    """
+    skipped = sum(stats.skipped.values())
+    if stats.rows or not skipped:
+        return None
+    reasons = ", ".join(f"{r}: {n}" for r, n in stats.skipped.most_common())
+    lines = ", ".join(str(n) for n in stats.first_lines if n is not None)
+    first = stats.first_skipped[0] if stats.first_skipped else ""
+    first = first if len(first) <= 200 else first[:197] + "..."
+    return DataError(path, None, None,
+                     f"every line was skipped as malformed ({skipped} lines; {reasons}); first "
+                     f"at lines {lines}, e.g. {first.rsplit('. ', 1)[0]}",
+                     "Check that the source kind (criteo:, avazu:, ...) matches the file's "
+                     "format, or fix the file; --skip-bad-lines is for a few bad lines")
 
 
 class DataSource(Protocol):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from recjax.batch import Batch, Chunk, concat_chunks, take, to_batch
-from recjax.data.base import DataSource, ReadStats
+from recjax.data.base import DataSource, ReadStats, all_skipped_error
 from recjax.data.hashing import uniform01
 
 Keep = Callable[[np.ndarray], np.ndarray]  # rows i64[N] -> bool[N]
@@ -188,6 +188,9 @@ class CachedSource:
                         a.flags.writeable = False
                 kept.append(chunk)
             yield chunk
+        err = all_skipped_error(getattr(self.source, "path", self.name), self.source.stats)
+        if err is not None:
+            raise err
         if kept is not None:
             self._chunks = kept
             self._stats = copy.deepcopy(self.source.stats)

@@ -42,6 +42,8 @@ _INT_CHARS = b"0123456789-"
 _HEX_CHARS = b"0123456789abcdef"
 _INT_RE = re.compile(rb"-?[0-9]+")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, written first by some Windows tools
+_CR_FIX = "Convert the line endings first, e.g. `tr '\\r' '\\n' < FILE > FILE.unix`"
 _COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"PK\x03\x04": "zip"}
 _DECOMPRESS = {"gzip": "gunzip", "bzip2": "bunzip2", "xz": "unxz", "zip": "unzip"}
 
@@ -231,8 +233,8 @@ class TextSource:
         got = [t.decode("utf-8", "replace") for t in tokens]
         if got == list(self.columns):
             return
-        missing = [c for c in self.columns if c not in got]
-        extra = [c for c in got if c not in self.columns]
+        missing = _few([c for c in self.columns if c not in got])
+        extra = _few([c for c in got if c not in self.columns])
         detail = (f"missing {missing}" if missing else "") + (
             f"{'; ' if missing else ''}unexpected {extra}" if extra else "")
         raise DataError(self.path, 1, None,
@@ -246,6 +248,8 @@ class TextSource:
         """One pass over the file; resets `stats` when the pass starts."""
         self.stats = ReadStats()
         with open(self.path, "rb") as f:
+            if f.read(len(_BOM)) != _BOM:
+                f.seek(0)
             line = 0  # 1-based number of the last line read
             if self.has_header:
                 f.readline()
@@ -293,6 +297,12 @@ class TextSource:
         if not first:
             raise DataError(self.path, None, None, "empty file: no lines at all",
                             "Check that the file was fully downloaded or extracted")
+        first = first.removeprefix(_BOM)
+        if b"\r" in first.rstrip(b"\r\n"):
+            # Old Mac line endings: the whole file reads as one line, whose header or field-count
+            # error would list every token of the file.
+            raise DataError(self.path, 1, None, "the file uses CR-only line endings (\\r, old "
+                            "Mac style), so it reads as one line", _CR_FIX)
         tokens = self._split(first)
         has_header = self.header == "required" or (
             self.header == "optional" and tokens[:1] == [self.columns[0].encode()])
@@ -365,6 +375,12 @@ class TextSource:
             return self.columns[got], f"field count: expected {n} {sep}-separated fields, got {got}"
         return self.columns[-1], (f"field count: expected {n} {sep}-separated fields, got {got} "
                                   f"(extra fields after {self.columns[-1]!r})")
+
+
+def _few(names: list[str], keep: int = 5) -> str:
+    """At most `keep` names for a message, then how many more (a broken header can have 10^5)."""
+    shown = ", ".join(repr(n[:40]) for n in names[:keep])
+    return f"[{shown}{f', ... ({len(names) - keep} more)' if len(names) > keep else ''}]"
 
 
 def distinct_times(keys: np.ndarray, tokens: Sequence[bytes], field: str, bad: Problems,
