@@ -11,6 +11,7 @@ from recjax.data.avazu import AvazuSource
 from recjax.data.base import DataError
 from recjax.data.criteo import CriteoSource
 from recjax.data.libfm import FrappeSource
+from recjax.data.movielens import MovieLensSource
 from recjax.data.pipeline import cached
 from recjax.data.sources import open_source
 from recjax.data.taobao import COLUMNS as TAOBAO_COLUMNS
@@ -26,6 +27,7 @@ AVAZU_LINE = (b"10000169349117863715,0,14102100,1005,0,1fbe01fe,f3845767,28905eb
 TAOBAO_HEADER = b",".join(c.encode() for c in TAOBAO_COLUMNS) + b"\n"
 TAOBAO_LINE = (b"0,2017-05-06 00:00:00,874257,172298,430548_1007,5443,160194,864,339907,3.9,0,3,"
                b"2,3,,3,0,,170301^573514\n")
+MOVIELENS_LINE = b"196\t242\t3\t881250949\n"
 CRITEO_LINE = b"\t".join([b"0", *[b"%d" % i for i in range(13)],
                           *[b"%08x" % (i * 7919) for i in range(26)]]) + b"\n"
 FRAPPE_LINE = b"1 266:1 1244:1 5042:1 5049:1 5054:1 5055:1 5058:1 5062:1 5074:1 5149:1\r\n"
@@ -39,6 +41,45 @@ def write(tmp_path, data: bytes, name="data.txt"):
 
 def read(source):
     return concat_chunks(list(source.chunks()))
+
+
+# ----------------------------------------------------------------------------- item 12: NUL
+
+
+@pytest.mark.parametrize("make,lines,old,field", [
+    (AvazuSource, [AVAZU_HEADER, AVAZU_LINE], b"1fbe01fe", "site_id"),
+    (AvazuSource, [AVAZU_HEADER, AVAZU_LINE], b",79\n", "C21"),
+    (TaobaoSource, [TAOBAO_HEADER, TAOBAO_LINE], b"874257", "userid"),
+    (TaobaoSource, [TAOBAO_HEADER, TAOBAO_LINE], b"170301^", "click_sequence"),
+    (CriteoSource, [CRITEO_LINE], b"00001eef", "C2"),
+    (FrappeSource, [FRAPPE_LINE], b"1244:1", "item"),
+    (MovieLensSource, [MOVIELENS_LINE], b"242", "item_id"),
+], ids=["avazu-site_id", "avazu-C21", "taobao-userid", "taobao-sequence", "criteo", "frappe",
+        "movielens"])
+def test_nul_byte_in_a_field_is_a_bad_line(tmp_path, make, lines, old, field):
+    """A NUL byte hashed as part of a category was a silent wrong value (Avazu, Taobao)."""
+    good = lines[-1]
+    assert old in good
+    new = old[:1] + b"\x00" + old[1:]
+    p = write(tmp_path, b"".join([*lines, good.replace(old, new), good]), name="u.data")
+    bad_line = len(lines) + 1
+    with pytest.raises(DataError) as e:
+        read(make(p))
+    msg = str(e.value)
+    assert msg.startswith(f"{p}:{bad_line}: field {field!r}: "), msg
+    assert "\\x00" in msg and "--skip-bad-lines" in msg, msg
+    src = make(p, skip_bad_lines=True)
+    c = read(src)
+    assert c.size == 2 and sum(src.stats.skipped.values()) == 1
+    assert f"{p}:{bad_line}:" in src.stats.first_skipped[0]
+
+
+def test_nul_byte_in_avazu_text_field_names_the_problem(tmp_path):
+    p = write(tmp_path, AVAZU_HEADER + AVAZU_LINE.replace(b"1fbe01fe", b"1fbe\x0001fe"))
+    with pytest.raises(DataError, match=r":2: field 'site_id': NUL byte.*corrupt or binary"):
+        read(AvazuSource(p))
+    src = AvazuSource(p, skip_bad_lines=True)
+    assert list(src.chunks()) == [] and src.stats.skipped == {"NUL byte": 1}
 
 
 # ----------------------------------------------------------------------------- item 11a: BOM

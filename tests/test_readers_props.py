@@ -142,6 +142,8 @@ def _avazu_oracle(tok):
             t.decode("utf-8")
         except UnicodeDecodeError:
             raise Bad(n) from None
+        if b"\x00" in t:  # a NUL byte is a corrupt field, not a category (issue 16 item 12)
+            raise Bad(n)
         ids.append([bucket(t, k)])
     return [], ids, label
 

@@ -145,13 +145,20 @@ def check_hex(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
 
 
 def check_text(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
-    """Every token decodes as UTF-8 (undecodable bytes mean a corrupt or binary file)."""
-    try:
-        b"".join(tokens).decode("utf-8")
-        return
-    except UnicodeDecodeError:
-        pass
+    """Every token is UTF-8 text without NUL bytes (either means a corrupt or binary file; a NUL
+    would otherwise be hashed into a category of its own)."""
+    joined = b"".join(tokens)
+    if b"\x00" not in joined:
+        try:
+            joined.decode("utf-8")
+            return
+        except UnicodeDecodeError:
+            pass
     for i, t in enumerate(tokens):
+        if b"\x00" in t:
+            bad.add(i, field, f"NUL byte: got {show(t)}, expected text; NUL bytes mean a "
+                              "corrupt or binary file")
+            continue
         try:
             t.decode("utf-8")
         except UnicodeDecodeError:
