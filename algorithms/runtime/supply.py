@@ -129,6 +129,7 @@ class SharedList:
         i = self.start
         while i < self.stop:
             epoch, skip = divmod(i, self.per_epoch)
+            before = i
             for pos, (batch, _) in enumerate(batches(
                     self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
                     shuffle_buffer=self.buffer, drop_remainder=True, keep=self.data.keep_train)):
@@ -138,6 +139,10 @@ class SharedList:
                     break
                 yield batch
                 i += 1
+            if i == before:  # the epoch ran out before entry i: never loop on an empty pass
+                raise ValueError(f"epoch {epoch} of the training data holds fewer than "
+                                 f"{skip + 1} batches of {self.batch_size} rows; lower "
+                                 "--batch-size or --gba.local_batch_size")
 
     @property
     def handed_out(self) -> int:
