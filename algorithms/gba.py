@@ -184,7 +184,6 @@ class GbaServer:
         self._lock = threading.Lock()
         # App. B Alg. 2 l. 19: the global step at which each row was last updated.
         self.tag = {t.name: np.full(t.num_embeddings, -1, np.int64) for t in rt.model.layout.tables}
-        self.tag_base = rt.start_step
         self.records: list[dict] = []
 
     # -- the workers' side ------------------------------------------------------------------
@@ -439,11 +438,13 @@ def server_warm(server: GbaServer) -> None:
     rt = server.rt
     local, rows = rt.warm_batch
     _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
-    probe = GbaServer(rt, server.p, server.params, server.opt_state)
     saved = rt.ps.snapshot()
     step0 = [sh.step for sh in rt.ps.shards]
     n = server.p.aggregate  # the shapes of a full update (a buffer of one takes a fast path)
-    probe._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n, n)
-    rt.ps.restore(*saved)
+    server._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n, n)
+    rt.ps.restore(*saved)  # undo the probe: tables, slots, optimizer steps, tags, counters
     for sh, s in zip(rt.ps.shards, step0):
         sh.step = s
+    for tag in server.tag.values():
+        tag[:] = -1
+    server.stats = Stats()
