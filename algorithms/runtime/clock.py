@@ -219,13 +219,16 @@ class Schedule:
     """What an interpreter reports. Attributes:
       seconds: wall seconds (threaded) or virtual seconds (virtual) until the foreground ended.
       trace: role indices in the order their events ran (virtual mode only).
-      events: times the virtual clock resumed a role (a parked `Wait` adds one, when it is
-        released; a transfer's own events are not counted).
     """
 
     seconds: float
     trace: list[int]
-    events: int = 0
+
+    @property
+    def events(self) -> int:
+        """Times the virtual clock resumed a role (a parked `Wait` adds one, when it is
+        released; a transfer's own events are not counted); 0 in threads."""
+        return len(self.trace)
 
 
 def _drive(role: Role, stop: threading.Event, emulate: bool) -> None:
@@ -415,4 +418,4 @@ def run_virtual(roles: list[RoleSpec]) -> Schedule:
     finally:
         for r in roles:
             r.role.close()
-    return Schedule(now, trace, len(trace))
+    return Schedule(now, trace)
