@@ -252,8 +252,8 @@ class Runtime:
             self.ckpt.close()
 
     def _totals(self, workers: list[Worker]) -> dict:
-        ms = jax.device_get([m for w in workers for m in w.counters.metrics])
-        return {k: float(sum(getattr(m, k) for m in ms)) for k in StepMetrics._fields}
+        ms = [m for w in workers for m in w.counters.metrics]
+        return contract.sum_metrics(ms) if ms else dict.fromkeys(StepMetrics._fields, 0.0)
 
     def execute(self, roles: list[RoleSpec], supply, snapshot=None, workers=()) -> Schedule:
         """Run the roles (virtual clock with ``--deterministic``, else threads).
