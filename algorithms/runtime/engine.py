@@ -38,7 +38,7 @@ import numpy as np
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime import stragglers
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, Work, run_threaded, run_virtual
-from algorithms.runtime.supply import SharedList, StaticShards, shuffle_buffer
+from algorithms.runtime.supply import SharedList, StaticShards
 from recjax.concurrency import ThreadGroup
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached
@@ -46,7 +46,7 @@ from recjax.data.synthetic import SyntheticSource
 from recjax.embeddings import lookup, row_gradients
 from recjax.runlog import MetricsWriter
 from recjax.train import contract
-from recjax.train.data import open_data
+from recjax.train.data import open_data, train_shuffle_buffer
 from recjax.train.setup import build
 from recjax.train.step import (
     Model,
@@ -143,7 +143,7 @@ class Runtime:
         self.num_workers = num_workers
         self.batch_size = batch_size or tc.batch_size
         self.data = open_data(cfg)
-        self._shuffle = shuffle_buffer(self.data, cfg.data.shuffle_buffer)
+        self._shuffle = train_shuffle_buffer(self.data, cfg.data.shuffle_buffer)
         if isinstance(self.data.train, SyntheticSource):  # generate once, not once per worker
             self.data.train = cached(self.data.train, cfg.data.cache_rows)
             for _ in self.data.train.chunks():

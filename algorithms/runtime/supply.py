@@ -4,8 +4,8 @@ Two supplies, one interface: ``take(worker) -> (index, batch) | None`` (None: no
 that worker), safe to call from any role's thread, and ``close()``.
 
 * `StaticShards` (ShadowSync, async PS): worker ``w`` of ``W`` reads the examples with
-  ``row % W == w``, epoch after epoch, a fixed quota of batches each. A slow worker's share
-  waits for it.
+  ``row % W == w``, epoch after epoch; the workers share the run's steps (equal shares, the
+  first ``remaining mod W`` workers one more). A slow worker's share waits for it.
 * `SharedList` (GBA, Su et al. 2022 Sec. 4.1): one *data list* of Q batches cut from the run's
   example stream in order, batch i handed to whichever worker asks next, so fast workers take
   more batches. The example order is the single trainer's (seed, epoch) order, only cut into
@@ -26,13 +26,7 @@ from typing import Any
 
 from recjax.concurrency import Prefetcher
 from recjax.data.pipeline import batches
-from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData
-
-
-def shuffle_buffer(data: RunData, configured: int) -> int:
-    """Synthetic examples are i.i.d. draws already: shuffling them would only cost time."""
-    return 0 if isinstance(data.train, SyntheticSource) else configured
 
 
 class StaticShards:
@@ -42,7 +36,7 @@ class StaticShards:
       data: the run's data.
       batch_size: rows per batch.
       seed: the data-order seed (train.seed).
-      buffer: shuffle buffer (see `shuffle_buffer`).
+      buffer: shuffle buffer (`recjax.train.data.train_shuffle_buffer`).
       num_workers: W.
       skip: batches of its shard each worker consumed before the checkpoint this run resumes.
       quota: batches the workers train on in this run, together: worker w takes
@@ -107,7 +101,7 @@ class SharedList:
       batch_size: B_a, rows per entry.
       per_epoch: entries per epoch (steps per epoch x M, so epochs align with the global batch).
       seed: the data-order seed (train.seed).
-      buffer: shuffle buffer (see `shuffle_buffer`).
+      buffer: shuffle buffer (`recjax.train.data.train_shuffle_buffer`).
       start, stop: the entries of this run (a resumed run starts where the checkpoint stopped).
       transform: applied to each batch in the prefetch thread (`ps.localize`).
       depth: prefetch depth (0 = inline: deterministic runs).

@@ -41,6 +41,12 @@ class RunData:
         return self.train.spec
 
 
+def train_shuffle_buffer(data: RunData, configured: int) -> int:
+    """The shuffle buffer for training batches: synthetic examples are i.i.d. draws already,
+    so shuffling them would only cost time."""
+    return 0 if isinstance(data.train, SyntheticSource) else configured
+
+
 def _count(source: DataSource, keep: Keep) -> int:
     n = 0
     for chunk in source.chunks():

@@ -21,10 +21,9 @@ from recjax.batch import Batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
-from recjax.data.synthetic import SyntheticSource
 from recjax.runlog import MetricsWriter
 from recjax.train import contract
-from recjax.train.data import RunData, open_data
+from recjax.train.data import RunData, open_data, train_shuffle_buffer
 from recjax.train.setup import build
 from recjax.train.step import StepMetrics, TrainState, jit_predict, jit_train_step
 
@@ -87,8 +86,7 @@ def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
     """Training batches for steps [start_step, total_steps): epoch e is shuffled by (seed, e)."""
     step = start_step
     epoch, skip = divmod(start_step, steps_per_epoch)
-    # Synthetic examples are i.i.d. draws already: shuffling them would only cost time.
-    buffer = 0 if isinstance(data.train, SyntheticSource) else cfg.data.shuffle_buffer
+    buffer = train_shuffle_buffer(data, cfg.data.shuffle_buffer)
     while step < total_steps:
         stream = batches(data.train, cfg.train.batch_size, seed=cfg.train.seed, epoch=epoch,
                          shuffle_buffer=buffer, drop_remainder=True,
