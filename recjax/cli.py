@@ -32,7 +32,8 @@ def parser(description: str) -> argparse.ArgumentParser:
                "(see --help-config for all of them with their current values).")
     p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
-    p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr | gba")
+    p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr | "
+                                   "gba | persia")
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
                                   "movielens:PATH | taobao:PATH | synthetic[:NAME]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")

@@ -78,14 +78,35 @@ class EmbedConfig:
     Attributes:
       pooling: sum | mean over the ids of a multi-hot field.
       init: "dlrm" (U(+-1/sqrt(V)) per table) or a float std of a normal init.
+      store: where the host-async engine keeps the rows: fixed = one row per hash bucket
+        (tables of ``data.hash_buckets`` rows) | lru = dynamic ids: the readers emit raw 64-bit
+        ids (field and value, no modulo hashing) and each table is an LRU store of ``capacity``
+        rows (recjax/embeddings/dynamic.py; Persia Sec. 4.2.2). Host-async algorithms only.
+      capacity: rows per table of the lru store (the least recently used rows are evicted).
+      admit_probability: lru store: a new id is admitted with this probability (drawn
+        deterministically from (seed, id)); an id not admitted reads its initial row and its
+        gradient is dropped and counted.
+      init_by_id: draw each row from (train.seed, table, id) as the lru store does, instead of
+        one generator per table; lets a fixed-table run start where an lru run starts.
     """
 
     pooling: str = "sum"
     init: str = "dlrm"
+    store: str = "fixed"
+    capacity: int = 1 << 20
+    admit_probability: float = 1.0
+    init_by_id: bool = False
 
     def __post_init__(self):
         if self.pooling not in ("sum", "mean"):
             raise ValueError(f"embed.pooling must be sum or mean, got {self.pooling!r}")
+        if self.store not in ("fixed", "lru"):
+            raise ValueError(f"embed.store must be fixed or lru, got {self.store!r}")
+        if self.capacity < 1:
+            raise ValueError(f"embed.capacity must be >= 1 (rows per table), got {self.capacity}")
+        if not 0.0 < self.admit_probability <= 1.0:
+            raise ValueError(f"embed.admit_probability must be in (0, 1], got "
+                             f"{self.admit_probability}")
         if self.init != "dlrm":
             try:
                 float(self.init)
@@ -301,6 +322,73 @@ class GbaConfig:
                                  f"{getattr(self, name)!r}")
 
 
+PERSIA_MODES = ("hybrid", "sync", "async")
+PERSIA_COMPRESS = ("none", "ids", "fp16", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class PersiaConfig:
+    """Persia's hybrid training and its two baselines (algorithms/persia.py; Lian et al., KDD 2022,
+    Alg. 1-2, Sec. 4).
+
+    ``train.batch_size`` is the global batch of one dense step: every NN worker trains on
+    ``batch_size / nn_workers`` rows of it.
+
+    Attributes:
+      mode: hybrid = embeddings asynchronous (staleness <= staleness), dense all-reduced every
+        step (Alg. 1 + 2) | sync = no outstanding embedding update (staleness 0), dense
+        all-reduced | async = embeddings as hybrid, dense on an async PS (Downpour), no
+        all-reduce.
+      nn_workers: NN workers (dense forward/backward, all-reduce).
+      embedding_workers: embedding workers (lookup, pooling, the gradient path to the PS).
+      staleness: tau: a lookup for a global batch may start only while at most tau earlier
+        batches have been looked up and not yet applied to the embedding PS (Sec. 5, Eq. 5);
+        0 = synchronous embeddings.
+      compress: none | ids (unique ids + uint16 indices) | fp16 (per-block scaled fp16
+        activations and gradients) | both (Sec. 4.2.3).
+      kappa: the constant of the fp16 scaling (a block v is sent as fp16(kappa * v / |v|_inf)).
+      embedding_cost_us: modelled embedding-worker time per looked-up id (virtual clock), for
+        the lookup and again for the gradient path.
+      snapshot_every: global steps between in-memory snapshots of the embedding PS shards and
+        the dense model (recovery, Sec. 4.2.4); 0 = only at the start.
+      fail_ps_at: fault injection: at this global step embedding PS shard 0 loses its state
+        and is restored from its last snapshot (0 = never).
+      fail_nn_at: fault injection: at this global step NN worker 0 fails and every NN worker
+        reloads the last dense snapshot (0 = never).
+    """
+
+    mode: str = "hybrid"
+    nn_workers: int = 2
+    embedding_workers: int = 2
+    staleness: int = 4
+    compress: str = "none"
+    kappa: float = 32768.0
+    embedding_cost_us: float = 0.5
+    snapshot_every: int = 50
+    fail_ps_at: int = 0
+    fail_nn_at: int = 0
+
+    def __post_init__(self):
+        if self.mode not in PERSIA_MODES:
+            raise ValueError(f"persia.mode must be one of {', '.join(PERSIA_MODES)}, got "
+                             f"{self.mode!r}")
+        if self.compress not in PERSIA_COMPRESS:
+            raise ValueError(f"persia.compress must be one of {', '.join(PERSIA_COMPRESS)}, got "
+                             f"{self.compress!r}")
+        for name in ("nn_workers", "embedding_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"persia.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("staleness", "snapshot_every", "fail_ps_at", "fail_nn_at"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"persia.{name} must be >= 0, got {getattr(self, name)}")
+        if not 1.0 <= self.kappa <= 65504.0:
+            raise ValueError(f"persia.kappa must be in [1, 65504] (fp16's largest value), got "
+                             f"{self.kappa}")
+        if self.embedding_cost_us < 0:
+            raise ValueError(f"persia.embedding_cost_us must be >= 0, got "
+                             f"{self.embedding_cost_us}")
+
+
 # Every algorithm name the CLI knows; scripts/train.py says which are implemented.
 ALGOS = ("single", "sync", "des", "async", "shadow", "fr", "gba", "persia")
 
@@ -400,6 +488,7 @@ class Config:
     runtime: RuntimeConfig = RuntimeConfig()
     shadowsync: ShadowSyncConfig = ShadowSyncConfig()
     gba: GbaConfig = GbaConfig()
+    persia: PersiaConfig = PersiaConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

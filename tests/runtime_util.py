@@ -23,7 +23,7 @@ def small_cfg(algo: str, steps: int = 16, dense=("sgd", 0.1), sparse=("sgd", 0.0
     ``gba`` sections has it.
     """
     c = configs.smoke()
-    sections = {s: {} for s in ("runtime", "shadowsync", "gba")}
+    sections = {s: {} for s in ("runtime", "shadowsync", "gba", "persia")}
     for key, value in fields.items():
         owner = [s for s in sections if key in {f.name for f in dataclasses.fields(getattr(c, s))}]
         assert len(owner) == 1, f"no single config section has the field {key!r}"

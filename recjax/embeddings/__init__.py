@@ -10,6 +10,7 @@ from recjax.embeddings.sparse_optim import (
 from recjax.embeddings.tables import (
     EmbeddingLayout,
     TableConfig,
+    init_rows,
     init_tables,
     lookup,
     make_layout,
@@ -18,5 +19,5 @@ from recjax.embeddings.tables import (
 
 __all__ = [
     "SPARSE_OPTIMIZERS", "EmbeddingLayout", "SparseOptimConfig", "SparseOptimizer", "TableConfig",
-    "coalesce", "init_tables", "lookup", "make_layout", "make_sparse_optimizer", "row_gradients",
+    "coalesce", "init_rows", "init_tables", "lookup", "make_layout", "make_sparse_optimizer", "row_gradients",
 ]

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from recjax.data.hashing import mix64
 from recjax.features import FeatureSpec
 
 
@@ -97,17 +98,56 @@ def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum")
     return EmbeddingLayout(tuple(groups.items()), tuple(tables), spec.n_fields)
 
 
-def init_tables(layout: EmbeddingLayout, seed: int, scale: str | float = "dlrm") -> dict[str, np.ndarray]:
+def _name_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def init_rows(seed: int, table: str, ids: np.ndarray, dim: int, num_embeddings: int,
+              scale: str | float = "dlrm") -> np.ndarray:
+    """Initial rows drawn from (seed, table name, id) alone: f32[len(ids), dim].
+
+    The same id always gets the same row, whatever else the table holds, so a dynamic-id store
+    (`recjax.embeddings.dynamic`) can evict a row and later re-admit it from the same values,
+    and a fixed table built with ``embed.init_by_id`` starts where such a store starts.
+    Distributions as `init_tables` (``num_embeddings`` sets the dlrm bound); the bits of entry
+    (id, j) are splitmix64 of a counter, so rows are independent across ids and columns.
+
+    Args:
+      ids: i64[n] row ids (any 64-bit values; raw feature ids included).
+    """
+    ids = np.asarray(ids).astype(np.uint64).reshape(-1)
+    if dim == 1:  # wide tables start at 0
+        return np.zeros((ids.size, 1), np.float32)
+    key = mix64(np.uint64(_name_key(table)) ^ mix64(np.uint64(seed & (2**64 - 1))))
+    with np.errstate(over="ignore"):
+        base = mix64(ids ^ key)[:, None] * np.uint64(2 * dim)
+        col = np.arange(2 * dim, dtype=np.uint64)[None, :]
+        bits = mix64(base + col)
+    u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    if scale == "dlrm":
+        bound = 1.0 / np.sqrt(num_embeddings)
+        return ((2.0 * u[:, :dim] - 1.0) * bound).astype(np.float32)
+    # Box-Muller on the two halves of the columns
+    z = np.sqrt(-2.0 * np.log(u[:, :dim])) * np.cos(2.0 * np.pi * u[:, dim:])
+    return (float(scale) * z).astype(np.float32)
+
+
+def init_tables(layout: EmbeddingLayout, seed: int, scale: str | float = "dlrm",
+                by_id: bool = False) -> dict[str, np.ndarray]:
     """Initial tables as host numpy arrays (device placement is the caller's business).
 
     ``scale="dlrm"`` draws U(-1/sqrt(V), 1/sqrt(V)) per table as the DLRM reference does; a float
     draws N(0, scale^2). Wide (dim 1) tables start at 0, like a logistic regression.
     Each table gets its own generator seeded from (seed, table name), so adding a table does not
-    change the others' initial values.
+    change the others' initial values. With `by_id` every row is `init_rows` of its id instead.
     """
     out = {}
     for t in layout.tables:
-        name_key = int.from_bytes(hashlib.sha256(t.name.encode()).digest()[:8], "little")
+        if by_id:
+            out[t.name] = init_rows(seed, t.name, np.arange(t.num_embeddings), t.embedding_dim,
+                                    t.num_embeddings, scale)
+            continue
+        name_key = _name_key(t.name)
         rng = np.random.default_rng([seed, name_key])
         shape = (t.num_embeddings, t.embedding_dim)
         if t.embedding_dim == 1:

@@ -41,7 +41,8 @@ def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt) -> 
     dense = jnp.zeros((b, spec.n_dense), jnp.float32)
     params = model.module.init(jax.random.PRNGKey(cfg.train.seed), acts, dense)["params"]
     scale = cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
-    tables = {k: jnp.asarray(v) for k, v in init_tables(model.layout, cfg.train.seed, scale).items()}
+    tables = {k: jnp.asarray(v) for k, v in init_tables(model.layout, cfg.train.seed, scale,
+                                                           by_id=cfg.embed.init_by_id).items()}
     slots = {k: sparse_opt.init(v) for k, v in tables.items()}
     return TrainState(jnp.asarray(0, jnp.int32), params, tx.init(params), tables, slots)
 
