@@ -17,6 +17,7 @@ RUNNERS["sync"] = lambda cfg: __import__("algorithms.sync", fromlist=["run"]).ru
 RUNNERS["des"] = lambda cfg: __import__("algorithms.des", fromlist=["run"]).run(cfg)
 RUNNERS.update({"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run,
                 "gba": gba.run})
+RUNNERS["persia"] = lambda cfg: __import__("algorithms.persia", fromlist=["run"]).run(cfg)
 
 
 def run(cfg: Config) -> dict:

@@ -349,6 +349,8 @@ class PersiaConfig:
       kappa: the constant of the fp16 scaling (a block v is sent as fp16(kappa * v / |v|_inf)).
       embedding_cost_us: modelled embedding-worker time per looked-up id (virtual clock), for
         the lookup and again for the gradient path.
+      embedding_stragglers: straggler SPEC of the embedding workers (as runtime.stragglers,
+        which slows the NN workers).
       snapshot_every: global steps between in-memory snapshots of the embedding PS shards and
         the dense model (recovery, Sec. 4.2.4); 0 = only at the start.
       fail_ps_at: fault injection: at this global step embedding PS shard 0 loses its state
@@ -364,6 +366,7 @@ class PersiaConfig:
     compress: str = "none"
     kappa: float = 32768.0
     embedding_cost_us: float = 0.5
+    embedding_stragglers: str = "none"
     snapshot_every: int = 50
     fail_ps_at: int = 0
     fail_nn_at: int = 0

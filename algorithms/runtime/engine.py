@@ -171,6 +171,7 @@ class Runtime:
             dataclasses.replace(t, num_embeddings=self.batch_size * len(t.field_index)
                                 * self.data.spec.max_len) for t in layout.tables))
         mini_model = Model(self.model.module, mini, self.model.microbatches)
+        self.mini_layout, self.mini_model = mini, mini_model  # tables of one worker batch's rows
         profile = [b for b, _ in self._global_batches(rc.profile_batches)]
         self.costs = ps_lib.profile_costs(layout, profile)
         self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
@@ -233,11 +234,15 @@ class Runtime:
                             self.num_workers, self.start_step // self.num_workers, remaining,
                             self._localize, self._depth)
 
-    def shared_list(self, m: int) -> SharedList:
-        """GBA's data list: M entries of ``B_a`` rows per global step, from the resumed step."""
+    def shared_list(self, m: int, localize: bool = True) -> SharedList:
+        """GBA's data list: M entries of ``B_a`` rows per global step, from the resumed step.
+
+        With ``localize=False`` the entries are the batches as read (Persia's embedding workers
+        localize the ids they receive themselves)."""
         return SharedList(self.data, self.batch_size, self.steps_per_epoch * m,
                           self.cfg.train.seed, self._shuffle, self.start_step * m,
-                          self.total_steps * m, self._localize, self._depth)
+                          self.total_steps * m, self._localize if localize else None,
+                          self._depth)
 
     def worker(self, wid: int, supply: StaticShards | SharedList) -> Worker:
         return Worker(self, wid, supply)

@@ -140,6 +140,23 @@ class EmbeddingShard:
             jax.tree.map(lambda dst, src, ids=ids, n=n: dst.__setitem__(ids, np.asarray(src)[:n]),
                          self.slots[k], new_s[k])
 
+    def snapshot(self) -> tuple[dict, dict, int]:
+        """Copies of ``(tables, slots, optimizer step)`` (fuzzy while workers push)."""
+        return ({k: v.copy() for k, v in self.tables.items()},
+                {k: jax.tree.map(np.copy, v) for k, v in self.slots.items()}, self.step)
+
+    def restore(self, snap: tuple[dict, dict, int]) -> None:
+        """Replace the rows, slots and optimizer step with copies of a `snapshot`."""
+        tables, slots, step = snap
+        self.tables = {k: np.array(v, np.float32) for k, v in tables.items()}
+        self.slots = {k: jax.tree.map(np.array, v) for k, v in slots.items()}
+        self.step = step
+
+    def wipe(self) -> None:
+        """Lose every row (fault injection: the shard's process died); NaN until restored."""
+        for v in self.tables.values():
+            v.fill(np.nan)
+
     def warm(self, rows: Rows, grads: dict) -> None:
         """Compile the jitted update without changing anything."""
         tabs = self.pull(rows)
