@@ -25,6 +25,10 @@ def run(cfg: Config) -> dict:
     if cfg.train.algo == "single" and cfg.train.devices > 1:
         raise ValueError(f"--algo single trains on one device; for --devices {cfg.train.devices} "
                          "use --algo sync (data/model parallel) or --algo des")
+    if cfg.embed.store == "lru" and cfg.train.algo in ("single", "sync", "des"):
+        raise ValueError(f"--embed.store lru (dynamic ids in an LRU parameter server) runs with the "
+                         f"host-async algorithms (async, shadow, fr, gba, persia), not --algo "
+                         f"{cfg.train.algo}; use --embed.store fixed (hashed tables) there")
     if cfg.train.algo not in RUNNERS:
         raise ValueError(f"--algo {cfg.train.algo} is not implemented yet; available: "
                          f"{', '.join(sorted(RUNNERS))}")

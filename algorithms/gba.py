@@ -437,7 +437,7 @@ def server_warm(server: GbaServer) -> None:
     """Compile the update's shapes (dense apply, the aggregated row push) before threads start."""
     rt = server.rt
     local, rows = rt.warm_batch
-    _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+    _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows, admit=False), local)
     saved = rt.ps.snapshot()
     step0 = [sh.step for sh in rt.ps.shards]
     n = server.p.aggregate  # the shapes of a full update (a buffer of one takes a fast path)

@@ -313,7 +313,7 @@ class Persia:
         rt = self.rt
         batch, _ = next(rt._global_batches(1))
         local, rows = localize(rt.model.layout, batch)
-        acts = self.emb_lookup(rt.ps.pull(rows), local.ids, local.mask)
+        acts = self.emb_lookup(rt.ps.pull(rows, admit=False), local.ids, local.mask)
         sl = self._slice(acts, batch, 0)
         _, _, g = self.nn_grads(self.dense.params, *sl)
         jax.block_until_ready(self.row_grads({k: jnp.concatenate([v] * self.p.nn_workers)

@@ -19,13 +19,15 @@ def small_cfg(algo: str, steps: int = 16, dense=("sgd", 0.1), sparse=("sgd", 0.0
               **fields):
     """DLRM (smoke size) on 8K synthetic examples, B=64, deterministic unless told otherwise.
 
-    Each keyword sets the field of that name in whichever of the ``runtime``, ``shadowsync`` and
-    ``gba`` sections has it.
+    Each keyword sets the field of that name in whichever of the ``runtime``, ``shadowsync``,
+    ``gba`` and ``persia`` sections has it (the algorithm's own section when several do).
     """
     c = configs.smoke()
     sections = {s: {} for s in ("runtime", "shadowsync", "gba", "persia")}
     for key, value in fields.items():
         owner = [s for s in sections if key in {f.name for f in dataclasses.fields(getattr(c, s))}]
+        if len(owner) > 1 and algo in owner:  # e.g. `mode`: the algorithm's own section
+            owner = [algo]
         assert len(owner) == 1, f"no single config section has the field {key!r}"
         sections[owner[0]][key] = value
     return dataclasses.replace(

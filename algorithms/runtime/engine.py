@@ -44,10 +44,11 @@ from recjax.config import Config
 from recjax.data.pipeline import batches, cached
 from recjax.data.synthetic import SyntheticSource
 from recjax.embeddings import lookup, row_gradients
+from recjax.features import FeatureSpec
 from recjax.runlog import MetricsWriter
 from recjax.train import contract
 from recjax.train.data import open_data, train_shuffle_buffer
-from recjax.train.setup import build
+from recjax.train.setup import build, make_model
 from recjax.train.step import (
     Model,
     StepMetrics,
@@ -57,6 +58,16 @@ from recjax.train.step import (
     loss_and_grads,
     step_metrics,
 )
+
+
+def _with_vocab(spec: FeatureSpec, vocab: int) -> FeatureSpec:
+    """`spec` with every field's vocabulary set to `vocab` (raw-id data: the store's rows)."""
+    return dataclasses.replace(spec, fields=tuple(dataclasses.replace(f, vocab_size=vocab)
+                                                  for f in spec.fields))
+
+
+def _init_scale(cfg: Config) -> str | float:
+    return cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
 
 
 class Replica:
@@ -148,7 +159,26 @@ class Runtime:
             self.data.train = cached(self.data.train, cfg.data.cache_rows)
             for _ in self.data.train.chunks():
                 pass
-        self.model, self.tx, self.sparse_opt, state = build(cfg, self.data.spec)
+        lru = cfg.embed.store == "lru"
+        if lru:  # raw 64-bit ids: the tables are LRU stores of `capacity` rows, built below
+            _, self.tx, self.sparse_opt, state = build(cfg, _with_vocab(self.data.spec, 1))
+            self.model = make_model(cfg, _with_vocab(self.data.spec, cfg.embed.capacity))
+        else:
+            self.model, self.tx, self.sparse_opt, state = build(cfg, self.data.spec)
+        layout = self.model.layout
+        self.mini_layout = self._mini(self.batch_size)  # tables of one worker batch's rows
+        self.mini_model = Model(self.model.module, self.mini_layout, self.model.microbatches)
+        mini, mini_model = self.mini_layout, self.mini_model
+        profile = [b for b, _ in self._global_batches(rc.profile_batches)]
+        self.costs = ps_lib.profile_costs(layout, profile)
+        self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
+        if lru:
+            self.ps = ps_lib.EmbeddingPS(layout, {}, {}, self.sparse_opt, self.placement,
+                                         rc.ps_shards, lru=dict(
+                                             capacity=cfg.embed.capacity, seed=tc.seed,
+                                             init=_init_scale(cfg),
+                                             admit_probability=cfg.embed.admit_probability))
+            state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
         self.ckpt, state, self.progress = contract.open_run(cfg, state)
         self.init_state = state
         self.start_step = int(state.step)
@@ -166,17 +196,12 @@ class Runtime:
         self.bandwidth = (rc.sync_bandwidth_gbps * 1e9 / 8) if rc.sync_bandwidth_gbps > 0 else bw
         self.dense_link = Link("sync-ps", self.bandwidth)  # dense bandwidth: also all-reduce
 
-        layout = self.model.layout
-        mini = dataclasses.replace(layout, tables=tuple(
-            dataclasses.replace(t, num_embeddings=self.batch_size * len(t.field_index)
-                                * self.data.spec.max_len) for t in layout.tables))
-        mini_model = Model(self.model.module, mini, self.model.microbatches)
-        self.mini_layout, self.mini_model = mini, mini_model  # tables of one worker batch's rows
-        profile = [b for b, _ in self._global_batches(rc.profile_batches)]
-        self.costs = ps_lib.profile_costs(layout, profile)
-        self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
-        self.ps = ps_lib.EmbeddingPS(layout, state.tables, state.slots, self.sparse_opt,
-                                     self.placement, rc.ps_shards)
+        if lru:
+            if self.start_step:
+                self.ps.restore(state.tables, state.slots)
+        else:
+            self.ps = ps_lib.EmbeddingPS(layout, state.tables, state.slots, self.sparse_opt,
+                                         self.placement, rc.ps_shards)
         for shard in self.ps.shards:  # the sparse optimizer's step goes on from the checkpoint
             shard.step = self.start_step
 
@@ -199,9 +224,30 @@ class Runtime:
         # Compile before any thread starts (compiling holds the GIL: PERF_NOTES 5).
         local, rows = ps_lib.localize(layout, profile[0])
         self.warm_batch = (local, rows)
-        _, g, rg = self.grads(state.params, self.ps.pull(rows), local)
+        _, g, rg = self.grads(state.params, self.ps.pull(rows, admit=False), local)
         jax.block_until_ready(self.dense_apply(state.params, state.opt_state, g))
         self.ps.warm(rows, rg)
+
+    def _mini(self, rows: int):
+        """The layout of per-batch mini tables: every touched row of a `rows`-row batch."""
+        return dataclasses.replace(self.model.layout, tables=tuple(
+            dataclasses.replace(t, num_embeddings=rows * len(t.field_index)
+                                * self.data.spec.max_len) for t in self.model.layout.tables))
+
+    def _predict(self):
+        """``(params, tables, batch) -> logits`` for eval: the full tables, or (LRU store) the
+        rows looked up through the PS without admitting anything."""
+        if not self.ps.lru:
+            return jit_predict(self.model)
+        model = Model(self.model.module, self._mini(self.cfg.train.eval_batch_size),
+                      self.model.microbatches)
+        pred = jit_predict(model)
+
+        def predict(params, _tables, batch):
+            local, rows = self._localize(batch)
+            return pred(params, self.ps.pull(rows, admit=False), local)
+
+        return predict
 
     def _global_batches(self, n: int):
         stream = batches(self.data.train, self.batch_size, seed=self.cfg.train.seed,
@@ -319,7 +365,9 @@ class Runtime:
         if self.ckpt is not None:
             contract.save(self.ckpt, cfg, state, self.progress, wall)
             self.ckpt.close()
-        ev, preds = contract.evaluate(cfg, self.data, jit_predict(self.model), params, state.tables)
+        ev, preds = contract.evaluate(cfg, self.data, self._predict(), params, state.tables)
+        if self.ps.lru:
+            extra = {"lru": self.ps.lru_counters(), **extra}
         shard = np.sum([w.counters.shard_bytes for w in workers], axis=0).tolist()
         unit = "virtual" if tc.deterministic else "wall"
         summary = contract.build_summary(

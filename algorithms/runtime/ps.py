@@ -31,6 +31,7 @@ import numpy as np
 
 from recjax.batch import Batch
 from recjax.embeddings import EmbeddingLayout, SparseOptimizer
+from recjax.embeddings.dynamic import FILLER, LruStore
 
 # table name -> (unique ids padded with V to the table's fixed size, number of real ids)
 Rows = dict[str, tuple[np.ndarray, int]]
@@ -43,7 +44,7 @@ def localize(layout: EmbeddingLayout, batch: Batch) -> tuple[Batch, Rows]:
     ids are padded with ``V`` to the fixed size ``B * fields * L`` (jit-friendly), and the batch's
     ids become indices into them. Returns ``(local batch, rows)``.
     """
-    local = np.empty_like(batch.ids)
+    local = np.empty(batch.ids.shape, np.int32)  # mini-table rows (raw ids may be int64)
     rows: Rows = {}
     done: dict[tuple[int, ...], tuple[np.ndarray, int]] = {}
     for t in layout.tables:
@@ -166,31 +167,128 @@ class EmbeddingShard:
                                           np.int32(0)))
 
 
+class LruShard:
+    """An embedding PS shard of dynamic-id tables (``embed.store=lru``): `EmbeddingShard`'s
+    interface over one `recjax.embeddings.dynamic.LruStore` per table.
+
+    Rows arrive as raw 64-bit ids (`localize` of a raw-id batch); a push's per-entry row
+    gradients are summed per unique id (one jitted scatter-add) before the store applies the
+    sparse optimizer to the rows still resident. Evicted or never-admitted ids lose their
+    gradient (counted by the store).
+
+    Args:
+      index: shard number.
+      stores: ``name -> LruStore`` (owned by the shard).
+    """
+
+    def __init__(self, index: int, stores: dict[str, LruStore]):
+        self.index, self.stores, self.step = index, stores, 0
+        self._sum = jax.jit(lambda local, g, n: jax.numpy.zeros((n, g.shape[1]), g.dtype)
+                            .at[local].add(g, mode="drop"), static_argnums=2)
+
+    @property
+    def tables(self) -> dict[str, LruStore]:
+        return self.stores
+
+    @staticmethod
+    def _ids(entry: tuple[np.ndarray, int]) -> np.ndarray:
+        ids, n = entry
+        out = np.asarray(ids, np.int64).copy()
+        out[n:] = FILLER
+        return out
+
+    def pull(self, rows: Rows, admit: bool = True) -> dict[str, np.ndarray]:
+        return {k: st.pull(self._ids(rows[k]), admit) for k, st in self.stores.items()}
+
+    def push(self, rows: Rows, grads: dict[str, tuple[Any, Any]]) -> None:
+        for k, st in self.stores.items():
+            local, g = grads[k]
+            ids = self._ids(rows[k])
+            st.push(ids, np.asarray(self._sum(local, g, ids.size)), self.step)
+        self.step += 1
+
+    def warm(self, rows: Rows, grads: dict) -> None:
+        """Compile the sum and the stores' updates on throwaway stores of the same shapes."""
+        for k, st in self.stores.items():
+            probe = LruStore(k, st.dim, st.capacity, st.opt, seed=st.seed, init=st.init)
+            ids = self._ids(rows[k])
+            probe.pull(ids)
+            local, g = grads[k]
+            probe.push(ids, np.asarray(self._sum(local, g, ids.size)), 0)
+
+    def snapshot(self) -> tuple[dict, dict, int]:
+        return {k: st.snapshot() for k, st in self.stores.items()}, {}, self.step
+
+    def restore(self, snap: tuple[dict, dict, int]) -> None:
+        snaps, _, step = snap
+        for k, st in self.stores.items():
+            st.restore(snaps[k])
+        self.step = step
+
+    def wipe(self) -> None:
+        for st in self.stores.values():
+            st.values.fill(np.nan)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {k: dict(st.counters, resident=st.size) for k, st in self.stores.items()}
+
+
+def lru_state(snap: dict) -> tuple[np.ndarray, dict]:
+    """A store's snapshot as ``(table, slots)`` entries of a `TrainState`: the rows are the
+    table (``f32[capacity, D]``), the rest (keys, recency, optimizer slots) rides in slots."""
+    return snap["values"], {k: v for k, v in snap.items() if k != "values"}
+
+
+def lru_snapshot(table: Any, slots: dict) -> dict:
+    return {"values": np.asarray(table), **slots}
+
+
 class EmbeddingPS:
     """S embedding shards with a table -> shard placement.
 
     Args:
       layout: the embedding layout (table dims).
-      tables, slots: initial tables and slots of every table.
+      tables, slots: initial tables and slots of every table (fixed store); ignored with
+        `lru`.
       opt: sparse optimizer applied by the shards.
       placement: table name -> shard index.
       shards: S.
+      lru: ``None`` (fixed tables) or the LruStore keywords ``capacity``, ``seed``, ``init``,
+        ``admit_probability``: every table is a dynamic-id store (`LruShard`).
     """
 
     def __init__(self, layout: EmbeddingLayout, tables: dict, slots: dict, opt: SparseOptimizer,
-                 placement: dict[str, int], shards: int):
+                 placement: dict[str, int], shards: int, lru: dict | None = None):
         self.layout, self.placement, self.num_shards = layout, placement, shards
-        self.shards = [EmbeddingShard(s, {k: np.asarray(v) for k, v in tables.items()
-                                          if placement[k] == s},
-                                      {k: v for k, v in slots.items() if placement[k] == s}, opt)
-                       for s in range(shards)]
+        self.lru = lru is not None
+        if self.lru:
+            self.shards = [LruShard(s, {t.name: LruStore(t.name, t.embedding_dim, opt=opt, **lru)
+                                        for t in layout.tables if placement[t.name] == s})
+                           for s in range(shards)]
+        else:
+            self.shards = [EmbeddingShard(s, {k: np.asarray(v) for k, v in tables.items()
+                                              if placement[k] == s},
+                                          {k: v for k, v in slots.items() if placement[k] == s},
+                                          opt)
+                           for s in range(shards)]
         self._dim = {t.name: t.embedding_dim for t in layout.tables}
 
-    def pull(self, rows: Rows) -> dict[str, np.ndarray]:
+    def pull(self, rows: Rows, admit: bool = True) -> dict[str, np.ndarray]:
+        """The mini tables of `rows`; ``admit=False`` (eval) changes nothing in an LRU store."""
         out = {}
         for shard in self.shards:
-            out.update(shard.pull(rows))
+            out.update(shard.pull(rows, admit) if self.lru else shard.pull(rows))
         return out
+
+    def lru_counters(self) -> dict:
+        """Per table and summed: admitted, evicted, not_admitted, dropped_gradients, resident."""
+        per = {}
+        for shard in self.shards:
+            per.update(shard.counters())
+        total = collections.Counter()
+        for c in per.values():
+            total.update(c)
+        return {"total": dict(total), "per_table": per}
 
     def push(self, rows: Rows, grads: dict) -> None:
         for shard in self.shards:
@@ -210,7 +308,14 @@ class EmbeddingPS:
         return out
 
     def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """``(tables, slots)`` of every table, copies (a fuzzy snapshot while workers push)."""
+        """``(tables, slots)`` of every table, copies (a fuzzy snapshot while workers push).
+
+        An LRU table's entry is `lru_state` of its store's snapshot."""
+        if self.lru:
+            out = {}
+            for shard in self.shards:
+                out.update({k: lru_state(st.snapshot()) for k, st in shard.stores.items()})
+            return ({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()})
         tables = {t.name: self.shards[self.placement[t.name]].tables[t.name].copy()
                   for t in self.layout.tables}
         slots = {t.name: jax.tree.map(np.copy, self.shards[self.placement[t.name]].slots[t.name])
@@ -221,6 +326,10 @@ class EmbeddingPS:
         """Replace every shard's rows and slots with copies of the given ones."""
         for shard in self.shards:
             for k in shard.tables:
+                if self.lru:
+                    shard.stores[k].restore(lru_snapshot(tables[k], jax.tree.map(np.asarray,
+                                                                                 slots[k])))
+                    continue
                 shard.tables[k] = np.array(tables[k], np.float32)
                 shard.slots[k] = jax.tree.map(np.array, slots[k])
 
