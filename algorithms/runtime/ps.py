@@ -208,13 +208,22 @@ class LruShard:
         self.step += 1
 
     def warm(self, rows: Rows, grads: dict) -> None:
-        """Compile the sum and the stores' updates on throwaway stores of the same shapes."""
+        """Compile everything a push or pull can call, before any thread starts: the sum, and
+        the stores' jitted slot init and update at every power-of-two row count up to the
+        mini table's size (a batch's unique ids vary, so any of them can come up)."""
         for k, st in self.stores.items():
-            probe = LruStore(k, st.dim, st.capacity, st.opt, seed=st.seed, init=st.init)
             ids = self._ids(rows[k])
-            probe.pull(ids)
             local, g = grads[k]
-            probe.push(ids, np.asarray(self._sum(local, g, ids.size)), 0)
+            jax.block_until_ready(self._sum(local, g, ids.size))
+            b = 1
+            while True:
+                probe = LruStore(k, st.dim, b, st.opt, seed=st.seed, init=st.init)
+                new = np.arange(b, dtype=np.int64)
+                probe.pull(new)
+                probe.push(new, np.zeros((b, st.dim), np.float32), 0)
+                if b >= ids.size:
+                    break
+                b *= 2
 
     def snapshot(self) -> tuple[dict, dict, int]:
         return {k: st.snapshot() for k, st in self.stores.items()}, {}, self.step
