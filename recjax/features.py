@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
+# vocab_size of a raw-id field (readers' raw_ids mode): its ids are 64-bit (field, value) keys
+# (recjax/data/hashing.py `raw_ids`), not rows, so there is no vocabulary. Every raw id is in
+# [0, RAW_VOCAB), so "ids in [0, vocab_size)" still holds; never allocate a table of this size
+# (a dynamic-id store holds ``embed.capacity`` rows instead).
+RAW_VOCAB = 2**63 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class FieldSpec:
@@ -17,7 +23,7 @@ class FieldSpec:
     Attributes:
       name: column name in the source (``C1``, ``site_id``, ``click_sequence``).
       vocab_size: number of hash buckets (or the exact vocabulary size for id-valued fields);
-        ids are always in ``[0, vocab_size)``.
+        ids are always in ``[0, vocab_size)``. `RAW_VOCAB` for a field of raw 64-bit ids.
       max_len: ids per example; 1 for a one-hot field, > 1 for a multi-hot field padded with a mask.
       table: embedding table the field looks up; fields naming the same table share it.
         Defaults to the field's own name.
@@ -42,10 +48,17 @@ class FieldSpec:
         if not self.table:
             object.__setattr__(self, "table", self.name)
 
+    @property
+    def raw_ids(self) -> bool:
+        """Whether the field's ids are raw 64-bit keys (no vocabulary, see `RAW_VOCAB`)."""
+        return self.vocab_size == RAW_VOCAB
+
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
     """Schema of a batch: ``dense f32[B, n_dense]``, ``ids i32[B, F, L]``, ``label f32[B]``.
+
+    ``ids`` is i64 when a reader runs with ``raw_ids`` (its hashed fields then have `RAW_VOCAB`).
 
     Attributes:
       dense_names: names of the dense (numerical) columns, in batch order.

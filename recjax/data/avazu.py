@@ -13,6 +13,12 @@ Features (no dense columns, ``dense`` is f32[B, 0]):
 * the other 21 columns are categorical strings, each hashed on its own into ``hash_buckets``
   buckets; they must be UTF-8 text (bytes that do not decode mean a corrupt file). An empty
   value is its own category.
+* ``raw_ids=True`` (dynamic-id stores): the 21 columns become raw i64 ids instead
+  (`recjax.data.hashing.raw_ids`, field = the spec index 2..22): 8-hex-digit ids (``site_id``,
+  ``device_ip``, ...) and decimal integers (``C1``, ``C14``..``C21``, ``-1`` included) are exact,
+  so they never collide; any other token is hashed and counted in ``raw_hashed``. Those fields'
+  ``vocab_size`` is then `recjax.features.RAW_VOCAB`; ``hour_of_day`` and ``weekday`` keep their
+  exact ids and vocabularies (as i64).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recjax.data.hashing import hash_tokens
+from recjax.data.hashing import CategoricalIds
 from recjax.data.readers import (
     HOUR_VOCAB,
     WEEKDAY_VOCAB,
@@ -34,7 +40,7 @@ from recjax.data.readers import (
     parse_ints,
     parse_label,
 )
-from recjax.features import FeatureSpec, FieldSpec
+from recjax.features import RAW_VOCAB, FeatureSpec, FieldSpec
 
 COLUMNS = ("id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category",
            "app_id", "app_domain", "app_category", "device_id", "device_ip", "device_model",
@@ -44,10 +50,11 @@ CAT_NAMES = COLUMNS[3:]
 LABELS = {b"0": 0.0, b"1": 1.0}
 
 
-def avazu_spec(hash_buckets: int) -> FeatureSpec:
-    """hour_of_day, weekday (exact ids), then the 21 hashed categorical columns."""
+def avazu_spec(hash_buckets: int, raw_ids: bool = False) -> FeatureSpec:
+    """hour_of_day, weekday (exact ids), then the 21 hashed (or raw-id) categorical columns."""
+    vocab = RAW_VOCAB if raw_ids else hash_buckets
     fields = (FieldSpec("hour_of_day", HOUR_VOCAB), FieldSpec("weekday", WEEKDAY_VOCAB),
-              *(FieldSpec(name, hash_buckets) for name in CAT_NAMES))
+              *(FieldSpec(name, vocab) for name in CAT_NAMES))
     return FeatureSpec(dense_names=(), fields=fields)
 
 
@@ -66,7 +73,7 @@ def parse_yymmddhh(tokens: Sequence[bytes], field: str, bad: Problems
                         "YYMMDDHH (e.g. 14102100 = 2014-10-21 00:00)")
 
 
-class AvazuSource(TextSource):
+class AvazuSource(CategoricalIds, TextSource):
     """``avazu:PATH``: the Avazu CSV layout, with or without its header line."""
 
     kind = "avazu"
@@ -75,18 +82,19 @@ class AvazuSource(TextSource):
     header = "optional"
 
     def __init__(self, path: str | os.PathLike, *, hash_buckets: int = 1 << 17,
-                 name: str | None = None, skip_bad_lines: bool = False, chunk_rows: int = 65536):
-        self.hash_buckets = hash_buckets
-        super().__init__(path, spec=avazu_spec(hash_buckets), name=name,
+                 raw_ids: bool = False, name: str | None = None, skip_bad_lines: bool = False,
+                 chunk_rows: int = 65536):
+        self.init_ids(hash_buckets, raw_ids)
+        super().__init__(path, spec=avazu_spec(hash_buckets, raw_ids), name=name,
                          skip_bad_lines=skip_bad_lines, chunk_rows=chunk_rows)
 
     def convert(self, cols: list[Sequence[bytes]], bad: Problems):
         n = len(cols[0])
         label = parse_label(cols[1], "click", bad, LABELS)
-        ids = np.empty((n, self.spec.n_fields, 1), np.int32)
+        ids = np.empty((n, self.spec.n_fields, 1), self.id_dtype)
         ids[:, 0, 0], ids[:, 1, 0] = parse_yymmddhh(cols[2], "hour", bad)
         for k, name in enumerate(CAT_NAMES, start=2):
             tokens = cols[COLUMNS.index(name)]
             check_text(tokens, name, bad)
-            ids[:, k, 0] = hash_tokens(tokens, k, self.hash_buckets)
+            ids[:, k, 0] = self.categorical_ids(tokens, name, k)
         return np.zeros((n, 0), np.float32), ids, None, label

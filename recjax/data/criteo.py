@@ -12,6 +12,11 @@ Features (the DLRM recipe):
 * categorical ``C1..C26``: lowercase hex strings, each field hashed on its own into
   ``hash_buckets`` buckets (`recjax.data.hashing`); empty (missing) is its own category, the
   bucket of ``b""``.
+* ``raw_ids=True`` (dynamic-id stores): ``C1..C26`` become raw i64 ids instead
+  (`recjax.data.hashing.raw_ids`, field = k for ``C{k+1}``): an 8-hex-digit token is its exact
+  32-bit value, so no two tokens collide; a token of another length that is not a decimal
+  integer is hashed and counted in ``raw_hashed`` (none in the real logs). The fields'
+  ``vocab_size`` is then `recjax.features.RAW_VOCAB`.
 
 Every field is validated: label in {0, 1}, I* decimal integers, C* lowercase hex.
 """
@@ -24,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from recjax.data.base import DataError
-from recjax.data.hashing import hash_tokens
+from recjax.data.hashing import CategoricalIds
 from recjax.data.readers import (
     Problems,
     TextSource,
@@ -33,20 +38,21 @@ from recjax.data.readers import (
     parse_ints,
     parse_label,
 )
-from recjax.features import FeatureSpec, FieldSpec
+from recjax.features import RAW_VOCAB, FeatureSpec, FieldSpec
 
 INT_NAMES = tuple(f"I{i}" for i in range(1, 14))
 CAT_NAMES = tuple(f"C{i}" for i in range(1, 27))
 LABELS = {b"0": 0.0, b"1": 1.0}
 
 
-def criteo_spec(hash_buckets: int) -> FeatureSpec:
-    """13 dense columns and 26 hashed one-hot fields, each with its own table."""
+def criteo_spec(hash_buckets: int, raw_ids: bool = False) -> FeatureSpec:
+    """13 dense columns and 26 hashed (or raw-id) one-hot fields, each with its own table."""
+    vocab = RAW_VOCAB if raw_ids else hash_buckets
     return FeatureSpec(dense_names=INT_NAMES,
-                       fields=tuple(FieldSpec(name, hash_buckets) for name in CAT_NAMES))
+                       fields=tuple(FieldSpec(name, vocab) for name in CAT_NAMES))
 
 
-class CriteoSource(TextSource):
+class CriteoSource(CategoricalIds, TextSource):
     """``criteo:PATH``: the Criteo ``train.txt`` TSV layout (no header)."""
 
     kind = "criteo"
@@ -54,9 +60,10 @@ class CriteoSource(TextSource):
     columns = ("label", *INT_NAMES, *CAT_NAMES)
 
     def __init__(self, path: str | os.PathLike, *, hash_buckets: int = 1 << 17,
-                 name: str | None = None, skip_bad_lines: bool = False, chunk_rows: int = 65536):
-        self.hash_buckets = hash_buckets
-        super().__init__(path, spec=criteo_spec(hash_buckets), name=name,
+                 raw_ids: bool = False, name: str | None = None, skip_bad_lines: bool = False,
+                 chunk_rows: int = 65536):
+        self.init_ids(hash_buckets, raw_ids)
+        super().__init__(path, spec=criteo_spec(hash_buckets, raw_ids), name=name,
                          skip_bad_lines=skip_bad_lines, chunk_rows=chunk_rows)
 
     def convert(self, cols: list[Sequence[bytes]], bad: Problems):
@@ -66,11 +73,11 @@ class CriteoSource(TextSource):
         dense = np.empty((n, len(INT_NAMES)), np.float32)
         for j, name in enumerate(INT_NAMES):
             dense[:, j] = log1p_counts(parse_ints(cols[at + 1 + j], name, bad))
-        ids = np.empty((n, len(CAT_NAMES), 1), np.int32)
+        ids = np.empty((n, len(CAT_NAMES), 1), self.id_dtype)
         for k, name in enumerate(CAT_NAMES):
             tokens = cols[at + 1 + len(INT_NAMES) + k]
             check_hex(tokens, name, bad)
-            ids[:, k, 0] = hash_tokens(tokens, k, self.hash_buckets)
+            ids[:, k, 0] = self.categorical_ids(tokens, name, k)
         return dense, ids, None, label
 
 

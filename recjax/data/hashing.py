@@ -16,12 +16,18 @@ Scheme (a change of it changes every bucket, so the golden values in the tests p
 
 32 bits of crc are plenty: with 10M distinct tokens in one field about 12k pairs share a crc,
 far fewer than the collisions that ``buckets`` (typically 2**17..2**24) itself causes.
+
+Raw ids (`raw_ids`, the readers' ``raw_ids=True`` mode for dynamic-id embedding stores) are the
+exact alternative to buckets: a token becomes a 64-bit id that names its field and its value, so
+two different tokens collide only in the one case spelled out there (tokens of no exact form).
 """
 
 from __future__ import annotations
 
+import collections
+import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -98,3 +104,141 @@ def uniform01(seed: int, keys: np.ndarray) -> np.ndarray:
     s = mix64(np.uint64(seed % 2**64))
     z = mix64(np.asarray(keys).astype(np.uint64) ^ s)
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+# ----------------------------------------------------------------------------- raw ids
+#
+# Layout of a raw id (an int64; bit 63 is always 0, so ids are non-negative):
+#
+#     bit  63     62 ........ 56   55 .. 53   52 ................ 0
+#          0      field (7 bits)   tag (3)    value (53 bits)
+#
+# field: the salt `hash_tokens` would use (the field's index, or the index of the first field of
+# a shared table), so equal tokens of fields sharing a table share an id. tag: which exact form
+# the token has; each form's value is an injective function of the token:
+#
+#   TAG_MISSING  b""                                value 0
+#   TAG_HEX8     exactly 8 lowercase hex digits     value int(token, 16) < 2**32 (Criteo's C*)
+#   TAG_DECIMAL  canonical decimal integer          value v mod 2**53 (53-bit two's complement)
+#                -?(0|[1-9][0-9]*), not "-0", with
+#                -2**52 <= v < 2**52
+#   TAG_HASHED   anything else                      value = top 53 bits of
+#                                                   mix64(len(token) << 32 | crc32(token))
+#
+# The forms are tried in this order (a token of 8 decimal digits is TAG_HEX8). Tag 0 is never
+# used, so no real id is 0: 0 stays the padding id of the batch contract. TAG_HASHED is the only
+# form where two tokens can share an id (two such tokens of one field with equal length and
+# crc32, or equal top 53 bits of the mix); the readers count those tokens per field.
+
+RAW_FIELD_BITS, RAW_TAG_BITS, RAW_VALUE_BITS = 7, 3, 53
+MAX_RAW_FIELDS = 1 << RAW_FIELD_BITS  # fields (salts) 0..127
+TAG_MISSING, TAG_DECIMAL, TAG_HEX8, TAG_HASHED = 1, 2, 3, 4
+_TAG_SHIFT, _FIELD_SHIFT = RAW_VALUE_BITS, RAW_VALUE_BITS + RAW_TAG_BITS
+_VALUE_MASK = (1 << RAW_VALUE_BITS) - 1
+_DECIMAL_RE = re.compile(rb"-?(?:0|[1-9][0-9]{0,15})")  # 2**52 has 16 digits
+_DECIMAL_LIMIT = 1 << (RAW_VALUE_BITS - 1)
+_HEX_DIGIT = np.full(256, 16, np.uint8)  # 16 = not a lowercase hex digit
+_HEX_DIGIT[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
+_HEX8_SHIFTS = np.arange(28, -1, -4, dtype=np.uint64)  # first digit is the most significant
+
+
+def raw_ids(tokens: Sequence[bytes], field_index: int) -> np.ndarray:
+    """Raw 64-bit id of each categorical token of one field (layout in the comment above).
+
+    Args:
+      tokens: the field's raw tokens (``b""`` = missing, its own id).
+      field_index: as `hash_tokens`'s salt; in ``[0, MAX_RAW_FIELDS)``.
+
+    Returns:
+      i64[N] non-negative ids; equal tokens get equal ids, and different tokens different ids
+      unless both are of the hashed form (`TAG_HASHED`).
+    """
+    if not 0 <= field_index < MAX_RAW_FIELDS:
+        raise ValueError(f"raw ids hold {RAW_FIELD_BITS} bits of field, so field_index must be "
+                         f"in [0, {MAX_RAW_FIELDS}), got {field_index}")
+    n = len(tokens)
+    lengths = np.fromiter(map(len, tokens), np.int64, n)
+    tag = np.full(n, TAG_HASHED, np.uint64)
+    value = np.zeros(n, np.uint64)
+    tag[lengths == 0] = TAG_MISSING
+    eight = np.flatnonzero(lengths == 8)
+    if eight.size:  # one vectorised pass over all 8-byte tokens (all of Criteo's)
+        joined = b"".join(tokens) if eight.size == n else b"".join([tokens[i] for i in eight])
+        digits = _HEX_DIGIT[np.frombuffer(joined, np.uint8)].reshape(-1, 8)
+        hexes = (digits < 16).all(axis=1)
+        tag[eight[hexes]] = TAG_HEX8
+        value[eight[hexes]] = (digits[hexes].astype(np.uint64) << _HEX8_SHIFTS).sum(axis=1)
+    rest = np.flatnonzero(tag == TAG_HASHED)
+    if rest.size:
+        exact, ints = _decimals([tokens[i] for i in rest])
+        tag[rest[exact]] = TAG_DECIMAL
+        value[rest[exact]] = ints[exact].astype(np.uint64) & np.uint64(_VALUE_MASK)
+        hashed = rest[~exact]
+        if hashed.size:
+            words = crc32_tokens([tokens[i] for i in hashed]).astype(np.uint64) | (
+                lengths[hashed].astype(np.uint64) << np.uint64(32))
+            value[hashed] = mix64(words) >> np.uint64(64 - RAW_VALUE_BITS)
+    ids = (np.uint64(field_index) << np.uint64(_FIELD_SHIFT)) | (tag << np.uint64(_TAG_SHIFT)) | value
+    return ids.view(np.int64)
+
+
+def _decimals(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(bool[N] token is a canonical decimal in [-2**52, 2**52), its value i64[N] or 0)."""
+    try:  # fast path, a column of integers (Avazu's C14..C21): canonical iff it prints back
+        ints = list(map(int, tokens))
+        if list(map(b"%d".__mod__, ints)) == tokens:
+            values = np.array(ints, np.int64)
+            if len(values) and values.min() >= -_DECIMAL_LIMIT and values.max() < _DECIMAL_LIMIT:
+                return np.ones(len(tokens), bool), values
+    except (ValueError, OverflowError):
+        pass  # not all integers (int() also refuses > 4300 digits): token by token below
+    exact, values = np.zeros(len(tokens), bool), np.zeros(len(tokens), np.int64)
+    for i, t in enumerate(tokens):
+        if _DECIMAL_RE.fullmatch(t) and t != b"-0" and -_DECIMAL_LIMIT <= (v := int(t)) < _DECIMAL_LIMIT:
+            exact[i], values[i] = True, v
+    return exact, values
+
+
+def unpack_raw(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(field, tag, value) of raw ids, each i64[...] (a decimal value comes back in its 53-bit
+    two's complement, i.e. ``v mod 2**53``)."""
+    ids = np.asarray(ids, np.int64)
+    return (ids >> _FIELD_SHIFT, (ids >> _TAG_SHIFT) & ((1 << RAW_TAG_BITS) - 1),
+            ids & _VALUE_MASK)
+
+
+class CategoricalIds:
+    """Reader mixin: the ids of a categorical column, hashed buckets or (``raw_ids``) raw ids.
+
+    Attributes (set by the reader):
+      hash_buckets: buckets per hashed field (unused with raw ids).
+      raw_ids: emit `raw_ids` (i64) instead of `hash_tokens` buckets (i32).
+      raw_hashed: with raw ids, tokens of the most recent pass that had no exact form and were
+        hashed (`TAG_HASHED`, the only ids that can collide), by field name. Counted before bad
+        lines are dropped, like ``stats.truncated``.
+    """
+
+    hash_buckets: int
+    raw_ids: bool
+
+    def init_ids(self, hash_buckets: int, raw_ids: bool) -> None:
+        self.hash_buckets, self.raw_ids = hash_buckets, raw_ids
+        self.raw_hashed: collections.Counter = collections.Counter()
+
+    def chunks(self) -> Iterator:
+        self.raw_hashed = collections.Counter()  # of this pass, like the reader's stats
+        yield from super().chunks()
+
+    @property
+    def id_dtype(self) -> type:
+        return np.int64 if self.raw_ids else np.int32
+
+    def categorical_ids(self, tokens: Sequence[bytes], field: str, salt: int) -> np.ndarray:
+        """Ids of one field's tokens: i64 raw ids or i32 buckets in ``[0, hash_buckets)``."""
+        if not self.raw_ids:
+            return hash_tokens(tokens, salt, self.hash_buckets)
+        ids = raw_ids(tokens, salt)
+        n = int(np.count_nonzero(unpack_raw(ids)[1] == TAG_HASHED))
+        if n:
+            self.raw_hashed[field] += n
+        return ids

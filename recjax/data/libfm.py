@@ -8,6 +8,9 @@ feature would be silently read as 1, and is refused instead.
 The feature ids are global (one id space for all fields), so all fields look up ONE shared
 table of ``vocab_size`` rows (`FieldSpec.table`): the id is used as given, no hashing. For
 Frappe that is the documented 5,382 features (ids 0..5381) in 10 fields.
+
+``raw_ids=True`` (dynamic-id stores) changes only the dtype of ``ids`` to i64: the ids are exact
+already, so they and the vocabulary stay as they are.
 """
 
 from __future__ import annotations
@@ -34,16 +37,18 @@ class LibFMSource(TextSource):
       fields: field names, in line order.
       vocab_size: feature ids must lie in ``[0, vocab_size)``.
       table: name of the shared table.
+      raw_ids: emit i64 ids (same values; see the module docstring).
     """
 
     kind = "libfm"
     delimiter = None  # any whitespace; also swallows the CR of CRLF files like Frappe's
 
     def __init__(self, path: str | os.PathLike, *, fields: tuple[str, ...], vocab_size: int,
-                 table: str, name: str | None = None, skip_bad_lines: bool = False,
-                 chunk_rows: int = 65536):
+                 table: str, raw_ids: bool = False, name: str | None = None,
+                 skip_bad_lines: bool = False, chunk_rows: int = 65536):
         self.columns = ("label", *fields)
         self.vocab_size = vocab_size
+        self.raw_ids = raw_ids
         spec = FeatureSpec(dense_names=(),
                            fields=tuple(FieldSpec(f, vocab_size, table=table) for f in fields))
         super().__init__(path, spec=spec, name=name, skip_bad_lines=skip_bad_lines,
@@ -52,7 +57,7 @@ class LibFMSource(TextSource):
     def convert(self, cols: list[Sequence[bytes]], bad: Problems):
         n = len(cols[0])
         label = parse_label(cols[0], "label", bad, LABELS)
-        ids = np.empty((n, self.spec.n_fields, 1), np.int32)
+        ids = np.empty((n, self.spec.n_fields, 1), np.int64 if self.raw_ids else np.int32)
         for k, field in enumerate(self.columns[1:]):
             ids[:, k, 0] = self._feature_ids(cols[k + 1], field, bad)
         return np.zeros((n, 0), np.float32), ids, None, label
@@ -86,7 +91,8 @@ class FrappeSource(LibFMSource):
 
     kind = "frappe"
 
-    def __init__(self, path: str | os.PathLike, *, name: str | None = None,
+    def __init__(self, path: str | os.PathLike, *, raw_ids: bool = False, name: str | None = None,
                  skip_bad_lines: bool = False, chunk_rows: int = 65536):
         super().__init__(path, fields=FRAPPE_FIELDS, vocab_size=FRAPPE_VOCAB, table="frappe",
-                         name=name, skip_bad_lines=skip_bad_lines, chunk_rows=chunk_rows)
+                         raw_ids=raw_ids, name=name, skip_bad_lines=skip_bad_lines,
+                         chunk_rows=chunk_rows)

@@ -10,6 +10,9 @@ Features (no dense columns):
   GroupLens ships next to ``u.data`` (ML-100K's 943 / 1,682 when it is absent). An id outside
   that range is an error, never a silent collision.
 * ``hour_of_day`` (24) and ``weekday`` (7, Monday = 0) of the UTC timestamp.
+
+``raw_ids=True`` (dynamic-id stores) changes only the dtype of ``ids`` to i64: the ids are exact
+already, so they and the vocabularies stay as they are.
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ class MovieLensSource(TextSource):
     delimiter = b"\t"
     columns = ("user_id", "item_id", "rating", "timestamp")
 
-    def __init__(self, path: str | os.PathLike, *, name: str | None = None,
+    def __init__(self, path: str | os.PathLike, *, raw_ids: bool = False, name: str | None = None,
                  skip_bad_lines: bool = False, chunk_rows: int = 65536):
         self.n_users, self.n_items = read_info(str(path))
+        self.raw_ids = raw_ids
         spec = FeatureSpec(dense_names=(), fields=(
             FieldSpec("user", self.n_users + 1), FieldSpec("item", self.n_items + 1),
             FieldSpec("hour_of_day", HOUR_VOCAB), FieldSpec("weekday", WEEKDAY_VOCAB)))
@@ -66,7 +70,7 @@ class MovieLensSource(TextSource):
 
     def convert(self, cols: list[Sequence[bytes]], bad: Problems):
         n = len(cols[0])
-        ids = np.empty((n, 4, 1), np.int32)
+        ids = np.empty((n, 4, 1), np.int64 if self.raw_ids else np.int32)
         for k, (col, top) in enumerate([("user_id", self.n_users), ("item_id", self.n_items)]):
             values = parse_ints(cols[k], col, bad, allow_missing=False)
             for i in np.flatnonzero((values < 1) | (values > top)):

@@ -36,12 +36,15 @@ class SourceOptions:
       skip_bad_lines: skip (and count) malformed lines instead of raising `DataError`.
       chunk_rows: lines parsed per block (the size of the chunks a source yields).
       multi_hot_len: ids kept per multi-hot field (L of ``ids[B, F, L]``).
+      raw_ids: i64 ids; hashed fields get raw 64-bit (field, value) ids instead of buckets
+        (`recjax.data.hashing.raw_ids`), for dynamic-id embedding stores; every kind takes it.
     """
 
     hash_buckets: int = 1 << 17
     skip_bad_lines: bool = False
     chunk_rows: int = 65536
     multi_hot_len: int = 20
+    raw_ids: bool = False
 
 
 # Where relative data paths are also looked up when $RECJAX_DATA is unset: the shared data folder
@@ -91,22 +94,23 @@ def _file_kind(make: Callable[..., DataSource], *options: str) -> SourceFactory:
 
 
 SOURCES: dict[str, SourceFactory] = {
-    "criteo": _file_kind(CriteoSource, "hash_buckets"),
-    "criteo-csv": _file_kind(CriteoCSVSource, "hash_buckets"),
-    "avazu": _file_kind(AvazuSource, "hash_buckets"),
-    "frappe": _file_kind(FrappeSource),
-    "movielens": _file_kind(MovieLensSource),
-    "taobao": _file_kind(TaobaoSource, "hash_buckets", "multi_hot_len"),
+    "criteo": _file_kind(CriteoSource, "hash_buckets", "raw_ids"),
+    "criteo-csv": _file_kind(CriteoCSVSource, "hash_buckets", "raw_ids"),
+    "avazu": _file_kind(AvazuSource, "hash_buckets", "raw_ids"),
+    "frappe": _file_kind(FrappeSource, "raw_ids"),
+    "movielens": _file_kind(MovieLensSource, "raw_ids"),
+    "taobao": _file_kind(TaobaoSource, "hash_buckets", "multi_hot_len", "raw_ids"),
 }
 
 
 def open_source(spec: str, *, hash_buckets: int = 1 << 17, skip_bad_lines: bool = False,
-                chunk_rows: int = 65536, multi_hot_len: int = 20) -> DataSource:
+                chunk_rows: int = 65536, multi_hot_len: int = 20, raw_ids: bool = False
+                ) -> DataSource:
     """Open ``KIND:PATH`` (or ``KIND`` / ``KIND:NAME`` for kinds without a file).
 
     Args:
       spec: e.g. ``criteo:/data/criteo/train.tsv``, ``frappe:frappe/frappe.train.libfm``.
-      hash_buckets, skip_bad_lines, chunk_rows, multi_hot_len: see `SourceOptions`.
+      hash_buckets, skip_bad_lines, chunk_rows, multi_hot_len, raw_ids: see `SourceOptions`.
 
     Raises:
       ValueError: unknown kind (the message lists the known ones).
@@ -117,5 +121,5 @@ def open_source(spec: str, *, hash_buckets: int = 1 << 17, skip_bad_lines: bool 
         raise ValueError(f"unknown data kind {kind!r} in {spec!r}; known kinds: "
                          f"{', '.join(sorted(SOURCES))} (write KIND:PATH)")
     options = SourceOptions(hash_buckets=hash_buckets, skip_bad_lines=skip_bad_lines,
-                            chunk_rows=chunk_rows, multi_hot_len=multi_hot_len)
+                            chunk_rows=chunk_rows, multi_hot_len=multi_hot_len, raw_ids=raw_ids)
     return SOURCES[kind](arg, spec, options)

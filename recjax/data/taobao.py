@@ -17,6 +17,13 @@ Features:
   padding (mask 0).
 
 ``mask`` is f32[B, F, L]: 1 at real ids; a one-hot field has its id at position 0 only.
+
+``raw_ids=True`` (dynamic-id stores): the 15 one-hot columns and ``click_sequence`` become raw
+i64 ids (`recjax.data.hashing.raw_ids`, field = the table's salt, so a clicked id and the same ad
+group still share an id): decimal ids (``userid``, ``adgroup_id``, ...) are exact; other tokens
+(``pid`` such as ``430548_1007``) are hashed and counted in ``raw_hashed``. Those fields'
+``vocab_size`` is then `recjax.features.RAW_VOCAB`; ``hour_of_day``/``weekday`` keep their exact
+ids and vocabularies (as i64). Padding stays 0, never a raw id.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from recjax.data.hashing import hash_tokens
+from recjax.data.hashing import CategoricalIds
 from recjax.data.readers import (
     HOUR_VOCAB,
     WEEKDAY_VOCAB,
@@ -42,7 +49,7 @@ from recjax.data.readers import (
     show,
     table_salt,
 )
-from recjax.features import FeatureSpec, FieldSpec
+from recjax.features import RAW_VOCAB, FeatureSpec, FieldSpec
 
 COLUMNS = ("clk", "time_stamp", "userid", "adgroup_id", "pid", "cate_id", "campaign_id",
            "customer", "brand", "price", "cms_segid", "cms_group_id", "final_gender_code",
@@ -53,10 +60,11 @@ SEQUENCE, SHARES = "click_sequence", "adgroup_id"
 LABELS = {b"0": 0.0, b"1": 1.0}
 
 
-def taobao_spec(hash_buckets: int, max_len: int) -> FeatureSpec:
+def taobao_spec(hash_buckets: int, max_len: int, raw_ids: bool = False) -> FeatureSpec:
+    vocab = RAW_VOCAB if raw_ids else hash_buckets
     fields = (FieldSpec("hour_of_day", HOUR_VOCAB), FieldSpec("weekday", WEEKDAY_VOCAB),
-              *(FieldSpec(name, hash_buckets) for name in CAT_NAMES),
-              FieldSpec(SEQUENCE, hash_buckets, max_len=max_len, table=SHARES))
+              *(FieldSpec(name, vocab) for name in CAT_NAMES),
+              FieldSpec(SEQUENCE, vocab, max_len=max_len, table=SHARES))
     return FeatureSpec(dense_names=("price",), fields=fields)
 
 
@@ -67,7 +75,7 @@ def parse_datetime(tokens: Sequence[bytes], field: str, bad: Problems
         t.decode("ascii"), "%Y-%m-%d %H:%M:%S"), "YYYY-MM-DD HH:MM:SS")
 
 
-class TaobaoSource(TextSource):
+class TaobaoSource(CategoricalIds, TextSource):
     """``taobao:PATH``: one-hot ad/profile fields plus the multi-hot ``click_sequence``."""
 
     kind = "taobao"
@@ -76,28 +84,28 @@ class TaobaoSource(TextSource):
     header = "required"
 
     def __init__(self, path: str | os.PathLike, *, hash_buckets: int = 1 << 17,
-                 multi_hot_len: int = 20, name: str | None = None, skip_bad_lines: bool = False,
-                 chunk_rows: int = 65536):
+                 multi_hot_len: int = 20, raw_ids: bool = False, name: str | None = None,
+                 skip_bad_lines: bool = False, chunk_rows: int = 65536):
         if multi_hot_len < 2:
             # With L = 1 the batch contract drops the mask, and an empty sequence needs one.
             raise ValueError(f"multi_hot_len must be >= 2 for {SEQUENCE}, got {multi_hot_len}")
-        self.hash_buckets = hash_buckets
+        self.init_ids(hash_buckets, raw_ids)
         self.max_len = multi_hot_len
-        super().__init__(path, spec=taobao_spec(hash_buckets, multi_hot_len), name=name,
+        super().__init__(path, spec=taobao_spec(hash_buckets, multi_hot_len, raw_ids), name=name,
                          skip_bad_lines=skip_bad_lines, chunk_rows=chunk_rows)
 
     def convert(self, cols: list[Sequence[bytes]], bad: Problems):
         n, n_fields = len(cols[0]), self.spec.n_fields
         label = parse_label(cols[0], "clk", bad, LABELS)
         dense = log1p_counts(parse_floats(cols[COLUMNS.index("price")], "price", bad))[:, None]
-        ids = np.zeros((n, n_fields, self.max_len), np.int32)
+        ids = np.zeros((n, n_fields, self.max_len), self.id_dtype)
         mask = np.zeros((n, n_fields, self.max_len), np.float32)
         mask[:, :-1, 0] = 1.0  # every one-hot field has exactly one real id
         ids[:, 0, 0], ids[:, 1, 0] = parse_datetime(cols[1], "time_stamp", bad)
         for k, name in enumerate(CAT_NAMES, start=2):
             tokens = cols[COLUMNS.index(name)]
             check_text(tokens, name, bad)
-            ids[:, k, 0] = hash_tokens(tokens, table_salt(self.spec, name), self.hash_buckets)
+            ids[:, k, 0] = self.categorical_ids(tokens, name, table_salt(self.spec, name))
         self._sequence(cols[-1], ids, mask, bad)
         return dense, ids, mask, label
 
@@ -118,5 +126,5 @@ class TaobaoSource(TextSource):
         rows = np.repeat(np.arange(len(seqs)), kept)
         pos = np.arange(len(flat)) - np.repeat(np.cumsum(kept) - kept, kept)
         salt = table_salt(self.spec, SEQUENCE)
-        ids[rows, -1, pos] = hash_tokens(flat, salt, self.hash_buckets)
+        ids[rows, -1, pos] = self.categorical_ids(flat, SEQUENCE, salt)
         mask[rows, -1, pos] = 1.0

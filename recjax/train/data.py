@@ -69,8 +69,10 @@ def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
                              f"config section holds {cfg.synthetic.name!r}; pass --data {spec} "
                              "(which loads the preset) or set --synthetic.name to match")
         return SyntheticSource(cfg.synthetic, split, workers=data_workers(cfg))
+    # An lru store keys its rows by raw 64-bit ids (no modulo hashing); in the options, so the
+    # disk cache keys on it too. (Synthetic ids are exact already; they stay i32 either way.)
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
-               "multi_hot_len": cfg.data.multi_hot_len}
+               "multi_hot_len": cfg.data.multi_hot_len, "raw_ids": cfg.embed.store == "lru"}
     source = open_source(spec, **options)
     if cfg.data.cache_dir:
         source = DiskCachedSource(source, cfg.data.cache_dir, options)
