@@ -14,6 +14,9 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
    measured in the same run (scripts/bench_torch.py).
 3. If present, the SPMD (scripts/bench_spmd.py) and host-async runtime (scripts/bench_runtime.py)
    benchmarks.
+4. `lru_store`: the dynamic-id embedding store (recjax/embeddings/dynamic.py) against a fixed
+   numpy table, raw ids per second; for single-core wall rates run it alone under
+   `taskset -c 0 python scripts/bench.py --sections lru_store`.
 """
 
 import argparse
@@ -32,8 +35,16 @@ import numpy as np  # noqa: E402
 
 from recjax import configs  # noqa: E402
 from recjax.concurrency import Prefetcher  # noqa: E402
+from recjax.data.hashing import mix64  # noqa: E402
 from recjax.data.pipeline import batches  # noqa: E402
 from recjax.data.synthetic import SyntheticSource  # noqa: E402
+from recjax.embeddings import SparseOptimConfig, make_sparse_optimizer  # noqa: E402
+from recjax.embeddings.dynamic import (  # noqa: E402
+    LruStore,
+    padded_rows,
+    put_rows,
+    unique_rows_update,
+)
 from recjax.models.config import MODEL_NAMES  # noqa: E402
 from recjax.models.ops import dense_dot_general  # noqa: E402
 from recjax.runlog import write_json_atomic  # noqa: E402
@@ -177,12 +188,113 @@ def per_model(repeats: int, steps: int, batch_sizes, models) -> list[dict]:
     return rows
 
 
+LRU_ID_SPACE = 10_000_000  # possible raw ids of the lru_store section's stream
+
+
+def _zipf_ids(rng: np.random.Generator, n: int, s: float = 1.05) -> np.ndarray:
+    """n raw ids: Zipf(s) ranks out of LRU_ID_SPACE (continuous inverse CDF), mixed into 63 bits."""
+    a = 1.0 - s
+    ranks = (((LRU_ID_SPACE + 1.0) ** a - 1.0) * rng.random(n) + 1.0) ** (1.0 / a)
+    return (mix64(ranks.astype(np.uint64)) >> np.uint64(1)).astype(np.int64)
+
+
+def lru_store(repeats: int, quick: bool) -> list[dict]:
+    """`LruStore` pull + push (adagrad) of Criteo-shaped batches vs a fixed numpy table.
+
+    Batches of 4096 x 26 Zipf(1.05) raw ids out of 10M, ``np.unique``'d as the engine does (not
+    timed); D = 16; a 2^20-row store warmed until it has evicted 2^18 rows, so every batch
+    admits and evicts, each timed batch fresh. The fixed tables (2^20 rows) take the same batch
+    hashed to rows (``mix64(id) mod 2^20``, unique'd). Rates are raw ids (4096 x 26 per batch) per
+    second of wall clock and per CPU-second of this process (its single-core rate, whatever
+    else runs on the machine); medians of `repeats`, the variants interleaved.
+    """
+    b, d, cap = 4096 * 26, 16, 1 << 20
+    steps = 3 if quick else 5
+    opt = make_sparse_optimizer(SparseOptimConfig("adagrad", lr=0.05))
+    rng = np.random.default_rng(0)
+    grads = (1e-3 * rng.standard_normal((b, d))).astype(np.float32)
+    store = LruStore("emb/C", d, cap, opt, seed=0)
+    step = 0
+    while store.counters["evicted"] < cap // 4:
+        ids = np.unique(_zipf_ids(rng, b))
+        store.pull(ids)
+        store.push(ids, grads[:ids.size], step)
+        step += 1
+    tables = {k: (rng.uniform(-1e-3, 1e-3, (cap, d)).astype(np.float32), np.zeros((cap, d), np.float32))
+              for k in ("fixed", "shard")}
+    rowwise, coalescing = unique_rows_update(opt), jax.jit(opt.update)
+
+    def run_lru(batch, clock):
+        for ids, _ in batch:
+            t0 = time.perf_counter()
+            store.pull(ids)
+            t1 = time.perf_counter()
+            store.push(ids, grads[:ids.size], step)
+            clock["pull"] += t1 - t0
+            clock["push"] += time.perf_counter() - t1
+
+    def run_fixed(batch, clock):  # same row gathers/scatters and row-wise update as the store
+        values, acc = tables["fixed"]
+        for _, rows in batch:
+            values.take(rows, axis=0)
+            n, pad = rows.size, 1 << (rows.size - 1).bit_length()  # as the store pads
+            w, a = rowwise(padded_rows(values, rows, pad), padded_rows(acc, rows, pad),
+                           padded_rows(grads, np.arange(n), pad), np.int32(step))
+            put_rows(values, rows, np.asarray(w)[:n])
+            put_rows(acc, rows, np.asarray(a)[:n])
+
+    def run_shard(batch, clock):  # algorithms/runtime/ps.py EmbeddingShard: ids padded to B x F
+        values, acc = tables["shard"]
+        local = np.arange(b, dtype=np.int32)
+        for _, rows in batch:
+            n = rows.size
+            padded = np.full(b, cap, np.int64)
+            padded[:n] = rows
+            mini = values.take(padded, axis=0, mode="clip")
+            g = np.zeros((b, d), np.float32)
+            g[:n] = grads[:n]
+            w, a = coalescing(mini, acc.take(padded, axis=0, mode="clip"),
+                              np.where(local < n, local, b), g, np.int32(step))
+            values[rows], acc[rows] = np.asarray(w)[:n], np.asarray(a)[:n]
+
+    runners = {"LruStore (2^20 rows, evicting)": run_lru,
+               "fixed table, same row-wise update": run_fixed,
+               "fixed table, EmbeddingShard path": run_shard}
+    for run in (run_fixed, run_shard):  # compile
+        run([(None, np.arange(41_000))], {})
+    wall = {k: [] for k in runners}
+    cpu = {k: [] for k in runners}
+    clock = {"pull": 0.0, "push": 0.0}
+    uniq, evicted = [], store.counters["evicted"]
+    for _ in range(repeats):
+        batch = []
+        for _ in range(steps):
+            ids = np.unique(_zipf_ids(rng, b))
+            batch.append((ids, np.unique(mix64(ids) & np.uint64(cap - 1)).astype(np.int64)))
+            uniq.append(ids.size)
+        for k, run in runners.items():
+            t, c = time.perf_counter(), time.process_time()
+            run(batch, clock)
+            wall[k].append(steps * b / (time.perf_counter() - t))
+            cpu[k].append(steps * b / (time.process_time() - c))
+    timed = repeats * steps
+    fixed = float(np.median(wall["fixed table, same row-wise update"]))
+    return [{"section": "lru_store", "name": k, "median": float(np.median(v)), "ids_per_sec": v,
+             "cpu_ids_per_sec_median": float(np.median(cpu[k])), "cpu_ids_per_sec": cpu[k],
+             "ratio_to_fixed": float(np.median(v)) / fixed, "raw_ids_per_batch": b,
+             "unique_ids_per_batch": float(np.mean(uniq)),
+             "evicted_per_batch": (store.counters["evicted"] - evicted) / timed,
+             "pull_ms": 1e3 * clock["pull"] / timed, "push_ms": 1e3 * clock["push"] / timed,
+             "cores": len(os.sched_getaffinity(0)), "repeats": repeats, "batches_per_repeat": steps}
+            for k, v in wall.items()]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps, one batch size")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
-    p.add_argument("--sections", default="headline,models,spmd,runtime,gba")
+    p.add_argument("--sections", default="headline,models,spmd,runtime,gba,lru_store")
     p.add_argument("--no-peers", action="store_true",
                    help="skip the PyTorch peers (measured only when torch is installed)")
     p.add_argument("--out", default="bench_results/bench.json")
@@ -216,6 +328,17 @@ def main(argv=None) -> int:
                 print(f"  {r['name']:40s} {r.get('median', float('nan')):10,.0f} ex/s  "
                       + " ".join(f"{k}={v:.3g}" for k, v in r.items() if k.startswith("ratio")))
             rows += got
+    if "lru_store" in sections:
+        print("lru_store: dynamic-id store vs fixed table, 4096 x 26 Zipf raw ids/batch, adagrad, D=16:")
+        got = lru_store(args.repeats, args.quick)
+        for r in got:
+            print(f"  {r['name']:36s} {r['median'] / 1e6:6.2f} M ids/s  x{r['ratio_to_fixed']:.2f} of "
+                  f"fixed  (per CPU-second {r['cpu_ids_per_sec_median'] / 1e6:.2f} M ids/s)")
+        r = got[0]
+        print(f"  {r['unique_ids_per_batch']:,.0f} unique ids and {r['evicted_per_batch']:,.0f} "
+              f"evictions per batch; pull {r['pull_ms']:.1f} ms + push {r['push_ms']:.1f} ms; "
+              f"{r['cores']} core(s) allowed")
+        rows += got
     write_json_atomic(args.out, {"hardware": hw, "rows": rows})
     print(f"wrote {args.out}")
     return 0
