@@ -183,6 +183,9 @@ class LruShard:
 
     def __init__(self, index: int, stores: dict[str, LruStore]):
         self.index, self.stores, self.step = index, stores, 0
+        # a store's map and recency list are not thread-safe: one request at a time per shard,
+        # as Persia locks a shard per get/put (Sec. 4.2.2); Hogwild stays across shards
+        self._lock = threading.Lock()
         self._sum = jax.jit(lambda local, g, n: jax.numpy.zeros((n, g.shape[1]), g.dtype)
                             .at[local].add(g, mode="drop"), static_argnums=2)
 
@@ -198,14 +201,20 @@ class LruShard:
         return out
 
     def pull(self, rows: Rows, admit: bool = True) -> dict[str, np.ndarray]:
-        return {k: st.pull(self._ids(rows[k]), admit) for k, st in self.stores.items()}
+        ids = {k: self._ids(rows[k]) for k in self.stores}
+        with self._lock:
+            return {k: st.pull(ids[k], admit) for k, st in self.stores.items()}
 
     def push(self, rows: Rows, grads: dict[str, tuple[Any, Any]]) -> None:
-        for k, st in self.stores.items():
+        sums = {}
+        for k in self.stores:
             local, g = grads[k]
             ids = self._ids(rows[k])
-            st.push(ids, np.asarray(self._sum(local, g, ids.size)), self.step)
-        self.step += 1
+            sums[k] = (ids, np.asarray(self._sum(local, g, ids.size)))
+        with self._lock:
+            for k, st in self.stores.items():
+                st.push(*sums[k], self.step)
+            self.step += 1
 
     def warm(self, rows: Rows, grads: dict) -> None:
         """Compile everything a push or pull can call, before any thread starts: the sum, and
@@ -226,13 +235,15 @@ class LruShard:
                 b *= 2
 
     def snapshot(self) -> tuple[dict, dict, int]:
-        return {k: st.snapshot() for k, st in self.stores.items()}, {}, self.step
+        with self._lock:
+            return {k: st.snapshot() for k, st in self.stores.items()}, {}, self.step
 
     def restore(self, snap: tuple[dict, dict, int]) -> None:
         snaps, _, step = snap
-        for k, st in self.stores.items():
-            st.restore(snaps[k])
-        self.step = step
+        with self._lock:
+            for k, st in self.stores.items():
+                st.restore(snaps[k])
+            self.step = step
 
     def wipe(self) -> None:
         for st in self.stores.values():
@@ -323,7 +334,8 @@ class EmbeddingPS:
         if self.lru:
             out = {}
             for shard in self.shards:
-                out.update({k: lru_state(st.snapshot()) for k, st in shard.stores.items()})
+                snaps, _, _ = shard.snapshot()
+                out.update({k: lru_state(v) for k, v in snaps.items()})
             return ({k: v[0] for k, v in out.items()}, {k: v[1] for k, v in out.items()})
         tables = {t.name: self.shards[self.placement[t.name]].tables[t.name].copy()
                   for t in self.layout.tables}
