@@ -294,7 +294,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer steps, one batch size")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
-    p.add_argument("--sections", default="headline,models,spmd,runtime,gba,lru_store")
+    p.add_argument("--sections", default="headline,models,spmd,runtime,gba,lru_store,lru,persia")
     p.add_argument("--no-peers", action="store_true",
                    help="skip the PyTorch peers (measured only when torch is installed)")
     p.add_argument("--out", default="bench_results/bench.json")
@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     if "models" in sections:
         print("every model, recjax, staged batches:")
         rows += per_model(args.repeats, steps, (4096,) if args.quick else (1024, 4096), MODEL_NAMES)
-    for section in ("spmd", "runtime", "gba"):
+    for section in ("spmd", "runtime", "gba", "lru", "persia"):
         if section in sections and (pathlib.Path(__file__).parent / f"bench_{section}.py").exists():
             mod = __import__(f"scripts.bench_{section}", fromlist=["x"])
             print(f"{section}:")
