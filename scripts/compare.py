@@ -1,6 +1,8 @@
 """Convergence / scaling studies that reproduce a paper's qualitative claims, written to docs/.
 
     python scripts/compare.py shadowsync [--quick] [--frappe PATH] [--docs docs]
+    python scripts/compare.py gba [--quick] [--out runs/compare_gba]      (scripts/compare_gba.py)
+    python scripts/compare.py persia [--quick] [--out runs/compare_persia] (scripts/compare_persia.py)
 
 ``shadowsync`` (Zheng et al., arXiv 2003.03477): S-EASGD vs FR-EASGD (k = 5, 10, 30, 100),
 S-MA, S-BMUF, FR-MA, FR-BMUF on synthetic data and on Frappe, in deterministic virtual-clock
@@ -204,8 +206,11 @@ def main(argv=None) -> int:
     if argv[:1] == ["gba"]:  # the GBA study has its own options: scripts/compare_gba.py
         from scripts import compare_gba
         return compare_gba.main(argv[1:])
+    if argv[:1] == ["persia"]:  # so has the Persia study: scripts/compare_persia.py
+        from scripts import compare_persia
+        return compare_persia.main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("study", choices=["shadowsync", "gba"])
+    p.add_argument("study", choices=["shadowsync", "gba", "persia"])
     p.add_argument("--quick", action="store_true", help="smaller runs (about a third of the time)")
     p.add_argument("--frappe", default=FRAPPE, help="Frappe libfm file")
     p.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
