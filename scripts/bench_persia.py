@@ -13,6 +13,7 @@ compute, so the 2-core box measures the schedule, not a second machine). Threads
 ``persia.embedding_cost_us`` per looked-up id) once per seed of ``--virtual-repeats``. The rows
 give the median examples/s and the median of the per-repeat ratios hybrid/sync and
 hybrid/async (the paper, Sec. 6.3: hybrid much faster than sync, async 1.2x hybrid at most).
+`bench_persia(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
 
 It also times each jitted piece and host step of one global step on its own (`per_call_costs`,
 main thread, no contention) and reports every run's ``dense_allreduce_seconds`` (threads: wall
@@ -130,8 +131,14 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
     return out
 
 
-def bench_persia(repeats: int = 5, steps: int = 600, virtual_repeats: int = 1,
-                 stragglers: str = STRAGGLERS, log=print) -> dict:
+def bench_persia(repeats: int = 5, quick: bool = False) -> list[dict]:
+    """The rows of `measure` (300 steps per run if `quick`, else 600); what scripts/bench.py
+    calls (``--sections persia``)."""
+    return measure(repeats, 300 if quick else 600, log=lambda s: None)["rows"]
+
+
+def measure(repeats: int = 5, steps: int = 600, virtual_repeats: int = 1,
+            stragglers: str = STRAGGLERS, log=print) -> dict:
     """Interleaved threaded repeats and virtual-clock runs; medians and per-repeat ratios."""
     runs: dict[str, dict[str, list[dict]]] = {c: {m: [] for m in MODES} for c in ("threads", "virtual")}
     timed_run(bench_config("hybrid", "threads", 64, seed=99, stragglers=stragglers))  # warm-up
@@ -153,7 +160,8 @@ def bench_persia(repeats: int = 5, steps: int = 600, virtual_repeats: int = 1,
             ratio = {b: statistics.median(a / y["examples_per_sec"] for a, y in zip(eps, by_mode[b]))
                      for b in MODES}
             busy = [x["cpu_cores_busy"] for x in xs if x["cpu_cores_busy"] is not None]
-            rows.append({"clock": clock, "mode": mode, "repeats": len(xs),
+            rows.append({"name": f"persia/{clock}/{mode}", "clock": clock, "mode": mode,
+                         "repeats": len(xs), "stragglers": stragglers, "steps": steps,
                          "examples_per_sec_median": statistics.median(eps),
                          "examples_per_sec_all": eps, "seconds_median": statistics.median(
                              x["seconds"] for x in xs),
@@ -195,7 +203,7 @@ def main(argv=None) -> int:
         print(f"  {name:<40}{s * 1e3:>8.2f} ms")
     used = sum(v for k, v in costs.items() if "not used" not in k)
     print(f"  {'sum (one global step in sequence)':<40}{used * 1e3:>8.2f} ms")
-    res = bench_persia(args.repeats, args.steps, args.virtual_repeats, args.stragglers)
+    res = measure(args.repeats, args.steps, args.virtual_repeats, args.stragglers)
     print(f"\nembedding stragglers {args.stragglers}, {NN} NN workers x {BATCH // NN} rows, {EMB} "
           f"embedding workers, tau {TAU}, {args.steps} steps of {BATCH}; median of {args.repeats} "
           f"(threads), {args.virtual_repeats} (virtual)")
