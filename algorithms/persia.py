@@ -20,11 +20,13 @@ Fig. 4, all on the host-async engine (``algorithms/runtime``):
 
 Staleness (Sec. 5, Eq. 5: ``t - D(t) <= tau``, "the number of samples whose embeddings are
 retrieved but their gradients are not yet updated"): a lookup of a global batch may start only
-while at most ``tau`` = ``--persia.staleness`` batches are looked up and not yet applied. This
-is the public code's semaphore with ``tau + 1`` permits, taken before a lookup and released
-when that batch's update is applied (its ``embedding_staleness=1`` is our ``tau=0``); the issue
-text says "fewer than tau outstanding", which would make tau=0 deadlock, so we count the batch
-being looked up as not outstanding (docs/persia.md). ``tau = 0`` is synchronous training on
+while at most ``tau`` = ``--persia.staleness`` batches are looked up and not yet applied, and
+updates are applied in step order, so Eq. 5 holds per batch. The public code (PersiaML/PERSIA
+``forward.rs`` / ``backward.rs``) keeps one semaphore per NN worker, released when the gradient
+call returns, with backward tasks running concurrently; our single count over the global
+batches matches it only for one NN worker (its ``embedding_staleness=1`` is our ``tau=0``). The
+issue text says "fewer than tau outstanding", which would make tau=0 deadlock, so we count the
+batch being looked up as not outstanding (docs/persia.md). ``tau = 0`` is synchronous training on
 the same global batch (tests/test_persia.py).
 
 Modes (``--persia.mode``), the three columns of Table 2 on one set of roles:
@@ -78,7 +80,7 @@ from algorithms.runtime.ps import DensePS, localize
 from recjax.config import Config
 from recjax.embeddings import lookup, row_gradients
 from recjax.runlog import MetricsWriter
-from recjax.train.step import loss_and_grads, step_metrics
+from recjax.train.step import apply_dense, loss_and_grads, step_metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +224,17 @@ class DenseGroup:
         self.recoveries = 0
         self.steps_lost = 0
         self.group = Rendezvous(p.nn_workers, self._reduce)
+        tx = rt.tx
+
+        def mean_apply(params, opt_state, grads):  # one jitted call inside the rendezvous
+            total = grads[0]
+            for g in grads[1:]:
+                total = jax.tree.map(jnp.add, total, g)
+            mean = total if len(grads) == 1 else jax.tree.map(
+                lambda x: x * np.float32(1.0 / len(grads)), total)
+            return apply_dense(tx, params, opt_state, mean)
+
+        self.mean_apply = jax.jit(mean_apply)
 
     def _reduce(self, grads: list) -> Any:
         if any(g is FAILED for g in grads):  # a worker died: everyone reloads the snapshot
@@ -229,12 +242,7 @@ class DenseGroup:
             self.recoveries += 1
             self.steps_lost += self.steps - at
         else:
-            total = grads[0]
-            for g in grads[1:]:
-                total = jax.tree.map(jnp.add, total, g)
-            mean = total if len(grads) == 1 else jax.tree.map(
-                lambda x: x * np.float32(1.0 / len(grads)), total)
-            self.params, self.opt_state = self.rt.dense_apply(self.params, self.opt_state, mean)
+            self.params, self.opt_state = self.mean_apply(self.params, self.opt_state, grads)
         self.steps += 1
         if self.every and self.steps % self.every == 0:
             self.snapshot = (self.params, self.opt_state, self.steps)
@@ -315,7 +323,9 @@ class Persia:
         local, rows = localize(rt.model.layout, batch)
         acts = self.emb_lookup(rt.ps.pull(rows, admit=False), local.ids, local.mask)
         sl = self._slice(acts, batch, 0)
-        _, _, g = self.nn_grads(self.dense.params, *sl)
+        _, g_params, g = self.nn_grads(self.dense.params, *sl)
+        jax.block_until_ready(self.dense.mean_apply(self.dense.params, self.dense.opt_state,
+                                                    [g_params] * self.p.nn_workers))
         jax.block_until_ready(self.row_grads({k: jnp.concatenate([v] * self.p.nn_workers)
                                               for k, v in g.items()}, local.ids, local.mask))
 

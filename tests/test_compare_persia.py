@@ -4,6 +4,7 @@ hand-made numbers, each claim scored both ways.
 The end-to-end run is a subprocess because the study turns on jax's persistent compilation
 cache (a process-wide setting); ~25 s on the 2-core box with a cold cache."""
 
+import pytest
 import json
 import math
 import pathlib
@@ -17,6 +18,7 @@ ROW_KEYS = {"seed", "eval_auc", "eval_ne", "steps", "examples_per_sec", "stalene
             "staleness_max", "dense_staleness_mean", "eval_examples", "eval_ctr", "secs"}
 
 
+@pytest.mark.slow  # ~25 s: the whole study script end to end
 def test_smoke_study_writes_every_mode_and_the_tau_sweep(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), "persia", "--smoke",
                     "--datasets", "synthetic", "--taus", "0,2", "--out", str(tmp_path)],

@@ -66,6 +66,7 @@ def test_a_store_holding_every_id_is_the_fixed_table_run(run, fields):
     assert lru["eval_auc"] == fixed["eval_auc"]
 
 
+@pytest.mark.slow  # ~26 s
 def test_gba_and_persia_with_a_store_holding_every_id():
     for algo, run in (("gba", gba.run), ("persia", persia.run)):
         cfg = _cfg(algo)
