@@ -4,12 +4,13 @@ hand-made numbers, each claim scored both ways.
 The end-to-end run is a subprocess because the study turns on jax's persistent compilation
 cache (a process-wide setting); ~25 s on the 2-core box with a cold cache."""
 
-import pytest
 import json
 import math
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 from scripts import compare_persia as cp
 
