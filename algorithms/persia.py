@@ -139,7 +139,7 @@ class Pipeline:
     Every write is followed by ``signal.notify()`` (the engine's `Wait` re-checks then).
     """
 
-    def __init__(self, p: Plan, start: int):
+    def __init__(self, p: Plan):
         self.p = p
         self.signal = Signal("persia")
         self._lock = threading.Lock()
@@ -284,7 +284,7 @@ class Persia:
         p = self.p
         self.rt = rt = Runtime(cfg, p.nn_workers)
         self.codec = Codec(cfg.persia.compress, cfg.persia.kappa)
-        self.pipe = Pipeline(p, rt.start_step)
+        self.pipe = Pipeline(p)
         self.ledger = Ledger()
         s0 = rt.init_state
         self.dense = DenseGroup(rt, p, s0.params, s0.opt_state)
