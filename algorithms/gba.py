@@ -50,11 +50,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from algorithms.runtime import RoleSpec, Runtime, Signal, Wait, Work, Worker
+from algorithms.runtime import (
+    RoleSpec,
+    Runtime,
+    Signal,
+    Wait,
+    Work,
+    Worker,
+    histogram_summary,
+    step_losses,
+)
 from algorithms.runtime.ps import Rows
 from recjax.config import Config
 from recjax.runlog import MetricsWriter
-from recjax.train.contract import ne_from_sums
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +154,6 @@ class Stats:
             self.emb_staleness = counts
         else:
             self.emb_staleness[:counts.size] += counts
-
-
-def _histogram_summary(hist: dict[int, int]) -> dict:
-    n = sum(hist.values())
-    return {"mean": sum(k * v for k, v in hist.items()) / n if n else None,
-            "max": max((k for k, v in hist.items() if v), default=None),
-            "histogram": {str(k): int(v) for k, v in sorted(hist.items()) if v}}
 
 
 class GbaServer:
@@ -338,12 +339,12 @@ class GbaServer:
         s = self.stats
         return {"kind": "gba", "step": self.version, "updates": s.updates, "applied": s.applied,
                 "dropped": s.dropped, "dropped_rows": s.dropped_rows,
-                "dense_staleness_mean": _histogram_summary(dict(s.dense_staleness))["mean"]}
+                "dense_staleness_mean": histogram_summary(dict(s.dense_staleness))["mean"]}
 
     def counters(self, seconds: float, workers: list[Worker]) -> dict:
         s = self.stats
         local = [w.counters.iterations * self.p.local_batch / max(seconds, 1e-12) for w in workers]
-        emb = _histogram_summary(dict(enumerate(s.emb_staleness.tolist())))
+        emb = histogram_summary(dict(enumerate(s.emb_staleness.tolist())))
         return {
             "gba_mode": self.p.mode, "gba_workers": self.p.workers,
             "gba_local_batch_size": self.p.local_batch, "gba_M": self.p.m,
@@ -353,7 +354,7 @@ class GbaServer:
             "tokens_handed_out": sum(w.counters.iterations for w in workers),
             "updates": s.updates, "gradients_applied": s.applied, "dropped_gradients": s.dropped,
             "dropped_embedding_rows": s.dropped_rows,
-            "dense_staleness": _histogram_summary(dict(s.dense_staleness)),
+            "dense_staleness": histogram_summary(dict(s.dense_staleness)),
             "embedding_staleness": emb,
         }
 
@@ -412,25 +413,6 @@ def run(cfg: Config) -> dict:
         w.close()
     return rt.finish(server.params, server.opt_state, sched, workers, extra,
                      step=rt.total_steps)
-
-
-def step_losses(workers: list[Worker], m: int, global_batch: int) -> list[dict]:
-    """One ``kind: train`` record per global step: the mean loss of its M entries, each scored
-    at the params its worker pulled (as the sync trainer scores each batch before its step)."""
-    sums: dict[int, list[float]] = {}
-    for w in workers:
-        for i, met in zip(w.counters.indices, jax.device_get(w.counters.metrics)):
-            s = sums.setdefault(i // m, [0.0, 0.0, 0.0])
-            s[0] += float(met.logloss_sum)
-            s[1] += float(met.count)
-            s[2] += float(met.label_sum)
-    out = []
-    for step in sorted(sums):
-        ll, n, lab = sums[step]
-        ne = ne_from_sums({"logloss_sum": ll, "count": n, "label_sum": lab})
-        out.append({"kind": "train", "step": step + 1, "examples": (step + 1) * global_batch,
-                    "loss": ll / n, "train_ne_window": ne})
-    return out
 
 
 def server_warm(server: GbaServer) -> None:

@@ -62,7 +62,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from algorithms.gba import _histogram_summary, step_losses
 from algorithms.runtime import (
     Collective,
     Link,
@@ -73,6 +72,8 @@ from algorithms.runtime import (
     Wait,
     Work,
     Worker,
+    histogram_summary,
+    step_losses,
     stragglers,
 )
 from algorithms.runtime.codec import Codec
@@ -488,7 +489,7 @@ class Persia:
             "persia_embedding_workers": p.embedding_workers,
             "persia_local_batch_size": p.local_batch, "persia_staleness_bound": p.tau,
             "persia_compress": self.codec.kind,
-            "embedding_staleness": _histogram_summary(dict(pipe.staleness)),
+            "embedding_staleness": histogram_summary(dict(pipe.staleness)),
             "embedding_updates": pipe.applied,
             "dense_allreduce_seconds": allreduce,
             "dense_allreduce_seconds_per_step": allreduce / max(steps, 1),
@@ -500,7 +501,7 @@ class Persia:
         }
         if self.dense_ps is not None:
             hist = dict(sorted(self.dense_ps.staleness.items()))
-            out["dense_staleness"] = _histogram_summary(hist)
+            out["dense_staleness"] = histogram_summary(hist)
         return out
 
 

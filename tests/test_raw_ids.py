@@ -18,7 +18,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from recjax.batch import concat_chunks
@@ -36,16 +36,7 @@ from recjax.data.taobao import TaobaoSource
 from recjax.features import RAW_VOCAB
 from recjax.train.data import _open
 from tests.conftest import data_path
-
-PROPS = settings(database=None, derandomize=True, deadline=None, max_examples=60)
-MASK = 2**64 - 1
-
-
-def splitmix64(x: int) -> int:
-    z = (x + 0x9E3779B97F4A7C15) & MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-    return z ^ (z >> 31)
+from tests.test_hashing_props import PROPS, splitmix64  # the published-sequence reference
 
 
 def reference(token: bytes, field: int) -> int:

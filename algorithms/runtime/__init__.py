@@ -23,8 +23,15 @@ from algorithms.runtime.clock import (
     run_threaded,
     run_virtual,
 )
-from algorithms.runtime.engine import Counters, Replica, Runtime, Worker
+from algorithms.runtime.engine import (
+    Counters,
+    Replica,
+    Runtime,
+    Worker,
+    histogram_summary,
+    step_losses,
+)
 
 __all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
-           "Schedule", "Signal", "Wait", "Work", "Worker", "run_threaded", "run_virtual",
-           "stragglers"]
+           "Schedule", "Signal", "Wait", "Work", "Worker", "histogram_summary", "run_threaded",
+           "run_virtual", "step_losses", "stragglers"]

@@ -47,6 +47,7 @@ from recjax.embeddings import lookup, row_gradients
 from recjax.features import FeatureSpec
 from recjax.runlog import MetricsWriter
 from recjax.train import contract
+from recjax.train.contract import ne_from_sums
 from recjax.train.data import open_data, train_shuffle_buffer
 from recjax.train.setup import build, make_model
 from recjax.train.step import (
@@ -395,3 +396,31 @@ class Runtime:
             w.close()
         contract.write_summary(cfg, summary, preds)
         return summary | {"final_state": state, "schedule": sched}
+
+
+def histogram_summary(hist: dict[int, int]) -> dict:
+    """``{mean, max, histogram}`` of a count histogram (staleness counters of summaries)."""
+    n = sum(hist.values())
+    return {"mean": sum(k * v for k, v in hist.items()) / n if n else None,
+            "max": max((k for k, v in hist.items() if v), default=None),
+            "histogram": {str(k): int(v) for k, v in sorted(hist.items()) if v}}
+
+
+def step_losses(workers: list[Worker], m: int, global_batch: int) -> list[dict]:
+    """One ``kind: train`` record per global step: the mean loss of the M supply entries of
+    that step (``index // m``), each scored at the params its worker used (as the sync trainer
+    scores each batch before its step)."""
+    sums: dict[int, list[float]] = {}
+    for w in workers:
+        for i, met in zip(w.counters.indices, jax.device_get(w.counters.metrics)):
+            s = sums.setdefault(i // m, [0.0, 0.0, 0.0])
+            s[0] += float(met.logloss_sum)
+            s[1] += float(met.count)
+            s[2] += float(met.label_sum)
+    out = []
+    for step in sorted(sums):
+        ll, n, lab = sums[step]
+        ne = ne_from_sums({"logloss_sum": ll, "count": n, "label_sum": lab})
+        out.append({"kind": "train", "step": step + 1, "examples": (step + 1) * global_batch,
+                    "loss": ll / n, "train_ne_window": ne})
+    return out
