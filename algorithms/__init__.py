@@ -6,6 +6,7 @@ pass a `recjax.train.loop.Strategy` to the shared trainer; host-async ones drive
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from algorithms import async_ps, gba, shadowsync
@@ -29,6 +30,16 @@ def run(cfg: Config) -> dict:
         raise ValueError(f"--embed.store lru (dynamic ids in an LRU parameter server) runs with the "
                          f"host-async algorithms (async, shadow, fr, gba, persia), not --algo "
                          f"{cfg.train.algo}; use --embed.store fixed (hashed tables) there")
+    backend = cfg.runtime.backend
+    if backend != "threads" and cfg.train.algo in ("single", "sync", "des"):
+        raise ValueError(f"--backend {backend} chooses how the host-async algorithms (async, shadow, "
+                         f"fr, gba, persia) run their roles; --algo {cfg.train.algo} is SPMD (for "
+                         "several processes use scripts/launch.py); drop --backend")
+    if backend == "ray" and cfg.train.deterministic:
+        raise ValueError("--deterministic runs the roles on the virtual clock in one process; it "
+                         "cannot be combined with --backend ray (drop one of them)")
+    if backend == "virtual":  # the same as --deterministic
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
     if cfg.train.algo not in RUNNERS:
         raise ValueError(f"--algo {cfg.train.algo} is not implemented yet; available: "
                          f"{', '.join(sorted(RUNNERS))}")

@@ -17,6 +17,7 @@ FLAGS = {
     "mesh": "spmd.mesh", "trainers": "runtime.trainers",
     "workers_per_trainer": "runtime.workers_per_trainer", "sync": "shadowsync.sync",
     "sync_gap": "shadowsync.sync_gap", "stragglers": "runtime.stragglers",
+    "backend": "runtime.backend",
 }
 SWITCHES = {
     "save_predictions": "train.save_predictions", "deterministic": "train.deterministic",
@@ -49,6 +50,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--sync", help="sync rule: easgd | ma | bmuf")
     p.add_argument("--sync-gap", type=int, help="foreground sync every k iterations")
     p.add_argument("--stragglers", help="straggler model: none | lognormal:sigma=0.5 | ...")
+    p.add_argument("--backend", help="host-async roles: threads | virtual (= --deterministic) | "
+                                     "ray (processes, docs/distributed.md)")
     for s in SWITCHES:
         p.add_argument("--" + s.replace("_", "-"), action="store_true", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -198,6 +198,9 @@ class RuntimeConfig:
       profile_batches: warm-up batches profiled for bin-packing placement (ShadowSync Sec. 3.1).
       emulate_links: threaded mode also holds each PS link for bytes / bandwidth (as the
         virtual clock does), so communication costs wall time on a single host.
+      backend: how the roles run: threads (one process) | virtual (the virtual clock, one
+        process; the same as --deterministic) | ray (PS shards and worker groups as Ray actor
+        processes, on one box or a cluster: the ``ray`` section, docs/distributed.md).
     """
 
     trainers: int = 2
@@ -210,8 +213,12 @@ class RuntimeConfig:
     example_cost_us: float = 20.0
     profile_batches: int = 20
     emulate_links: bool = True
+    backend: str = "threads"
 
     def __post_init__(self):
+        if self.backend not in ("threads", "virtual", "ray"):
+            raise ValueError(f"runtime.backend must be threads, virtual or ray, got "
+                             f"{self.backend!r}")
         for name in ("trainers", "workers_per_trainer", "ps_shards", "profile_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"runtime.{name} must be >= 1, got {getattr(self, name)}")
@@ -324,6 +331,45 @@ class GbaConfig:
 
 PERSIA_MODES = ("hybrid", "sync", "async")
 PERSIA_COMPRESS = ("none", "ids", "fp16", "both")
+
+
+@dataclasses.dataclass(frozen=True)
+class RayConfig:
+    """The Ray backend of the host-async engine (``--backend ray``; algorithms/runtime/ray_backend.py).
+
+    Attributes:
+      address: "" starts a local Ray instance for the run (stopped at its end); "auto" or
+        "HOST:PORT" joins a running cluster (``ray start --head`` / ``ray start --address``).
+      num_cpus: CPUs of the local instance (0 = every core); ignored when joining a cluster.
+      ps_concurrency: requests a PS actor serves at once (pulls and pushes of different
+        workers overlap, as the threaded shards do).
+      snapshot_every: pushes a PS actor applies between two in-memory snapshots; a PS actor
+        that dies is restarted from its last one (the pushes in between are lost, counted).
+      ps_resource: a custom Ray resource every PS actor asks for one unit of (place the shards
+        on the hosts started with ``--resources '{"NAME": k}'``); "" = anywhere.
+      worker_resource: the same for the worker-group actors.
+      kill: fault injection, comma-separated: ``worker:W@I`` sends SIGKILL to worker W's
+        process when W begins its I-th iteration; ``ps:S@I`` to PS shard S's process before
+        the run's I-th push reaches it.
+      max_ps_restarts: PS restarts before the run stops with a checkpoint and says why.
+    """
+
+    address: str = ""
+    num_cpus: int = 0
+    ps_concurrency: int = 4
+    snapshot_every: int = 50
+    ps_resource: str = ""
+    worker_resource: str = ""
+    kill: str = ""
+    max_ps_restarts: int = 3
+
+    def __post_init__(self):
+        for name in ("num_cpus", "max_ps_restarts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("ps_concurrency", "snapshot_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ray.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,6 +538,7 @@ class Config:
     shadowsync: ShadowSyncConfig = ShadowSyncConfig()
     gba: GbaConfig = GbaConfig()
     persia: PersiaConfig = PersiaConfig()
+    ray: RayConfig = RayConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

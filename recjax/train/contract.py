@@ -48,7 +48,7 @@ RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume",
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
 # single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
-HANDOVER_SECTIONS = ("spmd", "runtime", "shadowsync", "gba", "persia")
+HANDOVER_SECTIONS = ("spmd", "runtime", "shadowsync", "gba", "persia", "ray")
 RESUMABLE_CHANGES |= {"train.algo", "train.devices", "train.deterministic"}
 
 
