@@ -7,6 +7,7 @@ pass a `recjax.train.loop.Strategy` to the shared trainer; host-async ones drive
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 
 from algorithms import async_ps, gba, shadowsync
@@ -43,4 +44,8 @@ def run(cfg: Config) -> dict:
     if cfg.train.algo not in RUNNERS:
         raise ValueError(f"--algo {cfg.train.algo} is not implemented yet; available: "
                          f"{', '.join(sorted(RUNNERS))}")
-    return RUNNERS[cfg.train.algo](cfg)
+    try:
+        return RUNNERS[cfg.train.algo](cfg)
+    finally:  # whatever happened, no Ray process of this run outlives it
+        if "algorithms.runtime.ray_backend" in sys.modules:
+            sys.modules["algorithms.runtime.ray_backend"].shutdown()

@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import threading
+import types
 from typing import Any
 
 import jax
@@ -57,12 +59,15 @@ from algorithms.runtime import (
     Wait,
     Work,
     Worker,
+    WorkerLost,
     histogram_summary,
     step_losses,
 )
 from algorithms.runtime.ps import Rows
 from recjax.config import Config
 from recjax.runlog import MetricsWriter
+from recjax.train.setup import make_dense_tx
+from recjax.train.step import apply_dense
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +170,8 @@ class GbaServer:
     current values without it.
 
     Args:
-      rt: the run's engine.
+      rt: the run's engine, or what of it the server reads (`server_context`: the server is
+        built in its own process under ``--backend ray``).
       p: the resolved sizes.
       params, opt_state: the dense state to continue from.
     """
@@ -180,6 +186,8 @@ class GbaServer:
         self.pulled = [-1] * p.workers  # version each worker last pulled (sync/hop_bw gate)
         self.pushed = [0] * p.workers  # gradients each worker pushed (hop_bs gate)
         self.active = set(range(p.workers))
+        self.aggregate = p.aggregate  # gradients per update; a lost worker lowers N's
+        self.lost: list[int] = []
         self.exhausted = False
         self.accounted = 0  # data-list entries whose gradient was applied or dropped
         self._lock = threading.Lock()
@@ -196,7 +204,8 @@ class GbaServer:
         if mode in ("sync", "hop_bw"):  # one gradient per worker per global step
             return self.version > self.pulled[wid]
         if mode == "hop_bs":  # at most b1 batches ahead of the slowest active worker
-            return self.pushed[wid] - min(self.pushed[v] for v in self.active) <= self.gc.b1
+            return self.pushed[wid] - min((self.pushed[v] for v in self.active),
+                                          default=self.pushed[wid]) <= self.gc.b1
         return True
 
     def pull(self, wid: int) -> tuple[Any, int]:
@@ -212,11 +221,25 @@ class GbaServer:
             self.exhausted = True
         self.signal.notify()
 
+    def lose(self, wid: int) -> None:
+        """Worker `wid`'s process died (``--backend ray``): its in-flight entry is gone (GBA:
+        its token never returns), the others go on. The modes that wait for all N workers
+        (sync, hop_bs, hop_bw) aggregate one gradient fewer from now on."""
+        with self._lock:
+            self.active.discard(wid)
+            self.lost.append(wid)
+            if self.p.mode in ("sync", "hop_bs", "hop_bw") and self.aggregate > 1:
+                self.aggregate -= 1
+                if len(self.buffer) >= self.aggregate and self.p.mode != "hop_bw":
+                    self._apply(self.buffer)
+                    self.buffer = []
+        self.signal.notify()
+
     def push(self, g: Grad) -> None:
         """Buffer `g`; apply an update when the mode's rule says so (Alg. 2, push threads)."""
         with self._lock:
             self.pushed[g.wid] += 1
-            mode, n_agg = self.p.mode, self.p.aggregate
+            mode, n_agg = self.p.mode, self.aggregate
             if mode == "hop_bw" and g.version < self.version:  # its round closed: a backup
                 self.stats.dropped += 1
                 self.accounted += 1
@@ -292,7 +315,7 @@ class GbaServer:
                                        else np.asarray(e.sums[name]) * np.float32(scale))
                                 for name in e.rows})
             return
-        cap = self.p.aggregate * rt.batch_size * rt.data.spec.max_len  # fixed shapes: one compile
+        cap = self.p.aggregate * rt.batch_size * rt.max_len  # fixed shapes: one compile
         rows: Rows = {}
         grads: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         stale_all = []
@@ -341,9 +364,10 @@ class GbaServer:
                 "dropped": s.dropped, "dropped_rows": s.dropped_rows,
                 "dense_staleness_mean": histogram_summary(dict(s.dense_staleness))["mean"]}
 
-    def counters(self, seconds: float, workers: list[Worker]) -> dict:
+    def counters(self, seconds: float, iterations: list[int]) -> dict:
+        """The summary's GBA counters; `iterations`: each worker's iterations."""
         s = self.stats
-        local = [w.counters.iterations * self.p.local_batch / max(seconds, 1e-12) for w in workers]
+        local = [it * self.p.local_batch / max(seconds, 1e-12) for it in iterations]
         emb = histogram_summary(dict(enumerate(s.emb_staleness.tolist())))
         return {
             "gba_mode": self.p.mode, "gba_workers": self.p.workers,
@@ -351,7 +375,7 @@ class GbaServer:
             "gba_aggregate": self.p.aggregate, "gba_iota": self.gc.iota,
             "global_qps": sum(local), "local_qps": local,
             "local_qps_mean": sum(local) / len(local),
-            "tokens_handed_out": sum(w.counters.iterations for w in workers),
+            "tokens_handed_out": sum(iterations), "lost_workers": self.lost,
             "updates": s.updates, "gradients_applied": s.applied, "dropped_gradients": s.dropped,
             "dropped_embedding_rows": s.dropped_rows,
             "dense_staleness": histogram_summary(dict(s.dense_staleness)),
@@ -376,13 +400,18 @@ def worker_role(server: GbaServer, worker: Worker):
         # The gate of the mode; a Wait that already holds still costs one event, so workers
         # finishing at the same instant all push before any of them pulls again.
         yield Wait(server.signal, lambda: server.may_start(wid))
-        item = worker.take()
+        try:
+            item = worker.take()
+            if item is not None:
+                index = item[0]
+                params, version = server.pull(wid)
+                g_params, (rows, sums), work = worker.compute(params, item, it, coalesce=True)
+        except WorkerLost:
+            server.lose(wid)
+            raise
         if item is None:
             server.leave(wid)
             return
-        index = item[0]
-        params, version = server.pull(wid)
-        g_params, (rows, sums), work = worker.compute(params, item, it, coalesce=True)
         yield Work(work.seconds, work.factor, work.transfers + ((rt.dense_link, 2 * dense_bytes),))
         server.push(Grad(wid, index, index // p.m, version, g_params, rows, sums))
         worker.counters.iterations += 1
@@ -394,8 +423,19 @@ def run(cfg: Config) -> dict:
     p = plan(cfg)
     rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
     s0 = rt.init_state
-    server = GbaServer(rt, p, s0.params, s0.opt_state)
-    server_warm(server)
+    local, rows = rt.warm_batch
+    _, g, sums = jax.device_get(rt.grads_rows(s0.params, rt.ps.pull(rows, admit=False), local))
+    warm = (g, rows, sums)
+    if rt.cluster is None:
+        server = GbaServer(rt, p, s0.params, s0.opt_state)
+        server_warm(server, warm)
+    else:  # PS0 in its own process; the workers' gradients go to it by reference
+        rt.dense_on_actor = True
+        server = rt.host(GbaServer, hosted_server, cfg, p, s0.params,
+                         s0.opt_state, server_context(rt), warm,
+                         local={"rt": rt, "p": p, "signal": Signal("gba-ps")},
+                         mutating=("push", "leave", "lose", "restore", "flush"),
+                         by_ref={"pull": (2, 0)})
     supply = rt.shared_list(p.m)
     workers = [rt.worker(w, supply) for w in range(p.workers)]
     roles = [RoleSpec(f"gba-worker{w.wid}", worker_role(server, w)) for w in workers]
@@ -405,7 +445,7 @@ def run(cfg: Config) -> dict:
 
     sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot)
     server.flush()
-    extra = server.counters(sched.seconds, workers)
+    extra = server.counters(sched.seconds, [w.counters.iterations for w in workers])
     if cfg.train.out:
         w = MetricsWriter(cfg.train.out, cfg.train.tensorboard, append=True)
         for r in step_losses(workers, p.m, cfg.train.batch_size) + server.records + [server.record()]:
@@ -415,18 +455,39 @@ def run(cfg: Config) -> dict:
                      step=rt.total_steps)
 
 
-def server_warm(server: GbaServer) -> None:
-    """Compile the update's shapes (dense apply, the aggregated row push) before threads start."""
+def server_context(rt: Runtime) -> types.SimpleNamespace:
+    """What `GbaServer` reads of the engine, as values (sent to PS0's process under Ray)."""
+    return types.SimpleNamespace(
+        cfg=rt.cfg, start_step=rt.start_step, model=types.SimpleNamespace(layout=rt.model.layout),
+        ps=rt.ps, batch_size=rt.batch_size, max_len=rt.max_len)
+
+
+def hosted_server(cfg: Config, p: Plan, params, opt_state, ctx, warm) -> GbaServer:
+    """PS0 built in its own process (``--backend ray``): the dense optimizer rebuilt from the
+    config, the embedding PS reached through the shards' actor handles in `ctx`."""
+    ctx.dense_apply = jax.jit(functools.partial(apply_dense, make_dense_tx(cfg.dense)))
+    server = GbaServer(ctx, p, params, opt_state)
+    server_warm(server, warm)
+    return server
+
+
+def server_warm(server: GbaServer, warm: tuple) -> None:
+    """Compile the update's shapes (dense apply, the aggregated row push) before threads start.
+
+    Args:
+      warm: ``(dense grads, rows, summed row grads)`` of one batch (the engine's warm batch).
+    """
     rt = server.rt
-    local, rows = rt.warm_batch
-    _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows, admit=False), local)
+    g, rows, sums = warm
     saved = rt.ps.snapshot()
-    step0 = [sh.step for sh in rt.ps.shards]
+    step0 = [sh.step if sh.tables else 0 for sh in rt.ps.shards]
     n = server.p.aggregate  # the shapes of a full update (a buffer of one takes a fast path)
     server._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n, n)
+    jax.block_until_ready(rt.dense_apply(server.params, server.opt_state, g))
     rt.ps.restore(*saved)  # undo the probe: tables, slots, optimizer steps, tags, counters
-    for sh, s in zip(rt.ps.shards, step0):
-        sh.step = s
+    for sh, st in zip(rt.ps.shards, step0):
+        if sh.tables:
+            sh.step = st
     for tag in server.tag.values():
         tag[:] = -1
     server.stats = Stats()

@@ -303,17 +303,11 @@ class Persia:
         self.allreduce_bytes = int(2 * (k - 1) / k * rt.dense_bytes) if k > 1 else 0
         self.allreduce_seconds = self.allreduce_bytes / rt.bandwidth
         self.allreduce_wall = [0.0] * k
-        mini, model, scale = rt.mini_layout, rt.mini_model, np.float32(1.0 / k)
-
-        def nn_grads(params, acts, dense, label):
-            (loss, logits), (g_params, g_acts) = loss_and_grads(
-                model, params, acts, _Batch(dense, label))
-            # each slice's loss is its own mean: 1/K of it is its share of the global mean
-            return (step_metrics(loss, logits, label), g_params,
-                    {g: a * scale for g, a in g_acts.items()})
-
+        mini = rt.mini_layout
+        # NN worker k's forward/backward: a jitted function here, or in worker group k's
+        # process under --backend ray
+        self.nn_grads = [rt.remote_fn(j, "nn_grads", nn_grads_fn, k) for j in range(k)]
         self.emb_lookup = jax.jit(lambda minis, ids, mask: lookup(mini, minis, ids, mask))
-        self.nn_grads = jax.jit(nn_grads)
         self.row_grads = jax.jit(lambda g_acts, ids, mask: row_gradients(mini, g_acts, ids, mask))
         self._warm()
 
@@ -324,7 +318,8 @@ class Persia:
         local, rows = localize(rt.model.layout, batch)
         acts = self.emb_lookup(rt.ps.pull(rows, admit=False), local.ids, local.mask)
         sl = self._slice(acts, batch, 0)
-        _, g_params, g = self.nn_grads(self.dense.params, *sl)
+        for fn in self.nn_grads:  # under Ray, each NN worker's process compiles its own
+            _, g_params, g = fn(self.dense.params, *sl)
         jax.block_until_ready(self.dense.mean_apply(self.dense.params, self.dense.opt_state,
                                                     [g_params] * self.p.nn_workers))
         jax.block_until_ready(self.row_grads({k: jnp.concatenate([v] * self.p.nn_workers)
@@ -420,7 +415,7 @@ class Persia:
             _, dense, label = self._slice({}, batch, k)
             if self.dense_ps is not None:
                 params, version = self.dense_ps.pull()
-            m, g_params, g_acts = self.nn_grads(params, acts, dense, label)
+            m, g_params, g_acts = self.nn_grads[k](params, acts, dense, label)
             worker.counters.metrics.append(m)
             worker.counters.indices.append(step)
             out, sent = {}, 0
@@ -503,6 +498,20 @@ class Persia:
             hist = dict(sorted(self.dense_ps.staleness.items()))
             out["dense_staleness"] = histogram_summary(hist)
         return out
+
+
+def nn_grads_fn(rt, k: int):
+    """An NN worker's forward/backward on its slice (Alg. 2), for `Runtime.remote_fn`: ``(params,
+    acts, dense, label) -> (metrics, dense grads, activation grads)`` of one of `k` slices."""
+    model, scale = rt.mini_model, np.float32(1.0 / k)
+
+    def nn_grads(params, acts, dense, label):
+        (loss, logits), (g_params, g_acts) = loss_and_grads(model, params, acts, _Batch(dense, label))
+        # each slice's loss is its own mean: 1/K of it is its share of the global mean
+        return (step_metrics(loss, logits, label), g_params,
+                {g: a * scale for g, a in g_acts.items()})
+
+    return nn_grads
 
 
 class _Batch:

@@ -88,6 +88,13 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
             syncer.group.close()  # peers waiting on this worker are released
 
 
+def sync_ps(cfg: Config, params) -> SyncPS:
+    """The S-EASGD / FR-EASGD sync PS built in its own process (``--backend ray``)."""
+    rule = make_rule(cfg)
+    rule.exchange(params, params)  # compile before it serves
+    return SyncPS(params, rule.exchange)
+
+
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
     rule = make_rule(cfg)
@@ -97,7 +104,8 @@ def run(cfg: Config) -> dict:
     rt = Runtime(cfg, n * m)
     s0 = rt.init_state
     replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
-    server = SyncPS(s0.params, rule.exchange) if rule.name == "easgd" else None
+    server = (rt.host(SyncPS(s0.params, rule.exchange), sync_ps, cfg, s0.params)
+              if rule.name == "easgd" else None)
     if rule.collective:  # compile before threads start
         rule.local(sync_rules.bmuf_init(s0.params), s0.params, s0.params)
         rule.mean([s0.params] * n)
@@ -108,7 +116,8 @@ def run(cfg: Config) -> dict:
         return Rendezvous(n, rule.mean) if rule.collective else None
 
     supply = rt.static_shards()
-    workers = [rt.worker(w, supply) for w in range(n * m)]
+    # under Ray a trainer is one process: its m workers are threads of its actor
+    workers = [rt.worker(w, supply, group=w // m) for w in range(n * m)]
     sync_counters = [Counters() for _ in range(n)]
     roles = []
     fr_groups = [group() for _ in range(m)]  # FR: worker j of every trainer all-reduce together

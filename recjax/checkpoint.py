@@ -1,8 +1,21 @@
-"""Checkpoints with orbax: the whole `TrainState` plus JSON metadata, written atomically.
+"""Checkpoints with orbax: the whole `TrainState` plus JSON metadata, checksummed, written
+atomically, verified before anything older is dropped and again on restore.
 
 orbax writes each step into a temporary directory and renames it into place only when complete
-(its "commit" step), so a crash mid-write never leaves a half checkpoint that `latest` would pick
-up; `max_to_keep` removes old steps only after the new one is committed.
+(its "commit"), so a crash mid-write never leaves a half checkpoint that `latest_step` would
+pick up. Three things it does not do, done here:
+
+* **Integrity.** The metadata of each step holds every array's path, shape, dtype and CRC-32
+  (committed with the arrays in one rename). `restore` recomputes the CRCs; a step whose bytes
+  were flipped, or whose array files are truncated, empty or gone, is skipped with a message
+  and the next older one is tried. A checkpoint whose shapes differ from the run's is a
+  mismatch (another model or data schema), never "damaged", and is not skipped.
+* **Rotation.** Only after a new step has been read back and its CRCs match are steps beyond
+  `max_to_keep` removed (renamed to a temporary name first, so a kill mid-delete never leaves a
+  half step). The last good checkpoint therefore survives a save that went wrong.
+* **Signals.** SIGINT and SIGTERM that arrive while a step is written are held (one line says
+  so) and delivered once the save, its check and the rotation are done: a second Ctrl-C or a
+  scheduler's SIGTERM never cuts a commit or a rotation in half.
 
 The saved tree is plain arrays (dense params, optimizer state, tables, sparse slots, step), so a
 checkpoint written by one algorithm can start another one with the same model (GBA's sync ->
@@ -11,55 +24,294 @@ async switch is such a hand-over).
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import shutil
+import signal
+import threading
+import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 # orbax logs every save through absl at WARNING/INFO; a progress bar is what users watch.
 absl_logging.set_verbosity(absl_logging.ERROR)
 
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's mark of a step directory not (or no longer) committed
+
+
+class CheckpointCorruptError(OSError):
+    """No intact checkpoint to restore: each one's arrays failed their checksums or could not
+    be read. (An OSError: the files are at fault, not the run's config.)"""
+
+
+class _Damaged(Exception):
+    """One step's files are bad; the message says how."""
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of the innermost cause: tensorstore's words, not orbax's wrapping."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def array_specs(tree: Any) -> list[list]:
+    """``[path, shape, dtype]`` of every array of `tree`, in leaf order."""
+    return [[jax.tree_util.keystr(path), list(x.shape), str(x.dtype)]
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def checksums(tree: Any) -> list[str]:
+    """CRC-32 (8 hex digits) of every array's bytes in `tree`, in leaf order."""
+    return [f"{zlib.crc32(np.ascontiguousarray(x).reshape(-1).view(np.uint8)):08x}"
+            for x in jax.tree.leaves(jax.device_get(tree))]
+
 
 class Checkpointer:
-    """Save/restore `TrainState`s under ``directory`` (e.g. ``runs/x/checkpoints``)."""
+    """Save/restore `TrainState`s under ``directory`` (e.g. ``runs/x/checkpoints``).
+
+    Attributes:
+      directory: absolute path of the checkpoint directory.
+      max_to_keep: good checkpoints kept on disk (``train.keep_ckpts``).
+    """
 
     def __init__(self, directory: str, max_to_keep: int = 2):
         self.directory = os.path.abspath(directory)
+        self.max_to_keep = max_to_keep
+        # Synchronous saves: the commit happens in the calling (main) thread, where signals are
+        # held (`_signals_held`); rotation is ours, after verification (max_to_keep=None).
         self._mngr = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                                                 create=True))
+            self.directory, options=ocp.CheckpointManagerOptions(
+                max_to_keep=None, create=True, enable_async_checkpointing=False))
+        self._good: set[int] = set()  # steps this process wrote or restored and verified
+        self._bad: dict[int, str] = {}  # steps found damaged -> why
+
+    def all_steps(self) -> list[int]:
+        """Committed steps on disk, oldest first (damaged ones included)."""
+        return sorted(self._mngr.all_steps())
 
     def latest_step(self) -> int | None:
-        return self._mngr.latest_step()
+        """The newest committed step not known to be damaged."""
+        return max((s for s in self.all_steps() if s not in self._bad), default=None)
+
+    def clean_stale(self) -> None:
+        """Remove the temporary directories of saves that never committed (a kill or crash
+        mid-save, or mid-rotation). Call only while holding the run's lock: a save in progress
+        has such a directory too."""
+        stale = sorted(glob.glob(os.path.join(glob.escape(self.directory), f"*{TMP_SUFFIX}*")))
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        if stale:
+            print(f"removed {len(stale)} unfinished checkpoint save(s) in {self.directory}: "
+                  + ", ".join(os.path.basename(p) for p in stale))
 
     def save(self, step: int, state: Any, meta: dict) -> None:
-        """Write `state` at `step` (blocks until committed, so a stop right after is safe)."""
-        self._mngr.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-        self._mngr.wait_until_finished()
+        """Write `state` at `step`, read it back and check it, then drop the oldest beyond
+        `max_to_keep`; returns once all of that is done (a stop right after is safe).
+
+        A step that is already committed and intact is not written again (Ctrl-C right after a
+        periodic save saves the same step); a damaged one is replaced. A step that fails its
+        check right after writing is reported and ignored, and nothing older is removed.
+
+        Raises:
+          OSError: orbax could not write the step (e.g. a full disk); nothing older is touched.
+        """
+        with _signals_held(f"checkpoint step {step}"):
+            if step in self.all_steps():
+                if step in self._good:  # written (or restored) and verified by this process
+                    return
+                known = step in self._bad
+                why = self._bad[step] if known else self._verify(step, state)
+                if why is None:
+                    self._good.add(step)
+                    return
+                print(f"replacing damaged checkpoint step {step} in {self.directory}"
+                      + ("" if known else f" ({why})"))
+                self._delete(step)
+            record = [[*spec, crc] for spec, crc in zip(array_specs(state), checksums(state))]
+            try:
+                self._mngr.save(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    meta=ocp.args.JsonSave({**meta, "integrity": {"checksum": "crc32",
+                                                                  "arrays": record}})),
+                    force=True)
+            except Exception as e:
+                for path in glob.glob(os.path.join(glob.escape(self.directory),
+                                                   f"{step}{TMP_SUFFIX}*")):
+                    shutil.rmtree(path, ignore_errors=True)
+                self._mngr.reload()
+                raise OSError(f"could not write checkpoint step {step} in {self.directory}: "
+                              f"{_first_line(e)}") from e
+            why = self._verify(step, state)
+            if why is not None:
+                self._bad[step] = why
+                print(f"checkpoint step {step} in {self.directory} is damaged right after "
+                      f"writing ({why}); it is ignored and the older checkpoints are kept")
+                return
+            self._good.add(step)
+            self._rotate(step)
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict]:
-        """Restore the state at `step` (default latest) with the structure/shapes of `like`.
+        """Restore the state at `step` with the structure/shapes of `like`, checking its CRCs.
+
+        Without `step`, the newest intact checkpoint: a damaged one is skipped with a message
+        naming its step and why, and the one before it is tried.
 
         Raises:
           FileNotFoundError: no checkpoint in the directory.
           ValueError: the checkpoint's arrays do not match `like` (another model or data schema).
+          CheckpointCorruptError: `step`, or (without `step`) every checkpoint, is damaged.
         """
-        step = self.latest_step() if step is None else step
-        if step is None:
+        if step is not None:
+            try:
+                return self._read(step, like)
+            except _Damaged as e:
+                self._bad[step] = str(e)
+                raise CheckpointCorruptError(
+                    f"checkpoint step {step} in {self.directory} is damaged: {e}") from None
+        steps = self.all_steps()[::-1]
+        if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}; nothing to resume "
                                     "(drop --resume to start a new run)")
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like)
-        try:
-            got = self._mngr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-        except (ValueError, KeyError, TypeError) as e:
-            detail = str(e).splitlines()[0][:300]
-            raise ValueError(f"checkpoint {self.directory}/{step} does not fit this run's model "
-                             f"and data (different --model, sizes or data schema?): {detail}") from e
-        return got.state, got.meta
+        skipped = []
+        for s in steps:
+            try:
+                return self._read(s, like)
+            except _Damaged as e:
+                self._bad[s] = str(e)
+                skipped.append(f"step {s}: {e}")
+                print(f"skipped damaged checkpoint step {s} in {self.directory} ({e})"
+                      + ("; trying the one before" if s != steps[-1] else ""))
+        raise CheckpointCorruptError(
+            f"no intact checkpoint in {self.directory}: " + "; ".join(skipped)
+            + ". Start a new run in another --out, or put back a copy of that directory")
 
     def close(self) -> None:
         self._mngr.close()
+
+    def _read(self, step: int, like: Any, host: bool = False) -> tuple[Any, dict]:
+        """The verified ``(state, meta)`` of `step`, onto the CPU with `host`.
+
+        Raises:
+          ValueError: another model or data schema; _Damaged: unreadable or wrong bytes.
+        """
+        try:
+            meta = dict(self._mngr.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore())).meta)
+        except Exception as e:
+            raise _Damaged(f"its metadata cannot be read: {_first_line(e)}") from e
+        record = (meta.pop("integrity", None) or {}).get("arrays")
+        if record is not None:
+            mine = array_specs(like)
+            if [r[:3] for r in record] != mine:
+                raise ValueError(self._mismatch(step, _spec_diff([r[:3] for r in record], mine)))
+        sharding = None
+        if host:
+            with contextlib.suppress(RuntimeError):  # no CPU backend: wherever orbax puts it
+                sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                               sharding=sharding), like)
+        try:
+            state = self._mngr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract))).state
+        except Exception as e:
+            if record is None:  # written before checksums: cannot tell mismatch from damage
+                raise ValueError(self._mismatch(step, _first_line(e) + " (or the checkpoint "
+                                                "is damaged)")) from e
+            raise _Damaged(f"an array file cannot be read: {_first_line(e)}") from e
+        if record is not None:
+            bad = [r[0] for r, crc in zip(record, checksums(state)) if r[3] != crc]
+            if bad:
+                raise _Damaged(f"checksum mismatch in {bad[0]}"
+                               + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+        self._good.add(step)
+        return state, meta
+
+    def _verify(self, step: int, like: Any) -> str | None:
+        """None if `step` reads back (onto the CPU) with matching CRCs, else why not.
+
+        Raises:
+          ValueError: `step` holds another model's arrays (left alone: not damage).
+        """
+        try:
+            self._read(step, like, host=True)
+        except _Damaged as e:
+            return str(e)
+        return None
+
+    def _mismatch(self, step: int, detail: str) -> str:
+        return (f"checkpoint {self.directory}/{step} does not fit this run's model and data "
+                f"(different --model, sizes or data schema?): {detail}")
+
+    def _rotate(self, newest: int) -> None:
+        """Keep `newest` (verified) and the ``max_to_keep - 1`` newest good steps before it;
+        remove the other older ones, damaged ones included. Newer steps are left alone."""
+        older = [s for s in self.all_steps()[::-1] if s < newest]
+        keep = [s for s in older if s not in self._bad][: self.max_to_keep - 1]
+        for s in older:
+            if s not in keep:
+                self._delete(s)
+
+    def _delete(self, step: int) -> None:
+        """Remove a step: rename it out of the step list first (atomic), then delete the files,
+        so a kill in between leaves a temp directory `clean_stale` removes, not a half step."""
+        path = os.path.join(self.directory, str(step))
+        trash = f"{path}{TMP_SUFFIX}-deleted"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        self._mngr.reload()
+        self._good.discard(step)
+        self._bad.pop(step, None)
+
+
+def _spec_diff(saved: list[list], mine: list[list]) -> str:
+    """The first array whose path, shape or dtype differ, in words."""
+    if len(saved) != len(mine):
+        return f"the checkpoint holds {len(saved)} arrays, this run's state {len(mine)}"
+    for a, b in zip(saved, mine):
+        if a != b:
+            return (f"{a[0]}: checkpoint {a[2]}{a[1]}"
+                    + (f", this run {b[2]}{b[1]}" if a[0] == b[0] else f"; this run has {b[0]}"))
+    return "?"
+
+
+@contextlib.contextmanager
+def _signals_held(what: str) -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while `what` is written; deliver the first one afterwards.
+
+    Python raises KeyboardInterrupt wherever the main thread is, also inside orbax's commit or
+    between a commit and the removal of an older step. Here a signal only sets a flag (and
+    prints one line); the handler that was installed before runs once the block is done (for
+    SIGINT, by default, KeyboardInterrupt; for SIGTERM, by default, the process ends). Outside
+    the main thread no handler can be installed, and nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def hold(signum, frame):
+        if not got:
+            os.write(2, f"{signal.Signals(signum).name} while writing {what}: stopping once it "
+                        "is committed\n".encode())
+        got.append(signum)
+
+    old = {s: signal.signal(s, hold) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+        if got:
+            h = old[got[0]]
+            if callable(h):
+                h(got[0], None)
+            elif h != signal.SIG_IGN:
+                signal.raise_signal(got[0])

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 
@@ -23,7 +24,42 @@ def _clean(x: Any) -> Any:
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
-    """Write JSON to a temp file in the same directory, then rename over `path`.
+    """Write JSON to a temp file in the same directory, then rename over `path`."""
+
+    def write(f):
+        json.dump(_clean(obj), f, indent=2, sort_keys=False)
+        f.write("\n")
+
+    _replace(path, write)
+
+
+def drop_records_after(path: str, step: int) -> None:
+    """Remove the records of steps after `step` from the JSON-lines file `path` (if any).
+
+    A run resumed from the checkpoint at `step` replays the steps after it; the records the
+    interrupted segment wrote for them would otherwise appear twice. Records without a step
+    are kept; a line cut short by a kill is dropped. The file is rewritten through a temp file
+    and a rename, so a crash meanwhile leaves either the old or the new file.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.read().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        at = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(at, (int, float)) or at <= step:
+            kept.append(line)
+    if kept != lines:
+        _replace(path, lambda f: f.write("".join(x + "\n" for x in kept)))
+
+
+def _replace(path: str, write: Callable[[Any], Any]) -> None:
+    """`write(f)` into a temp file beside `path`, then rename it over `path`.
 
     The temp file is created with mode 0666 minus the umask (0644 under umask 022), as `open()`
     would create `path`; ``tempfile.mkstemp`` would make it 0600, unreadable to the group.
@@ -34,8 +70,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the kernel applies umask
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_clean(obj), f, indent=2, sort_keys=False)
-            f.write("\n")
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -20,6 +20,7 @@ from algorithms.runtime.clock import (
     Signal,
     Wait,
     Work,
+    WorkerLost,
     run_threaded,
     run_virtual,
 )
@@ -33,5 +34,5 @@ from algorithms.runtime.engine import (
 )
 
 __all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
-           "Schedule", "Signal", "Wait", "Work", "Worker", "histogram_summary", "run_threaded",
+           "Schedule", "Signal", "Wait", "Work", "Worker", "WorkerLost", "histogram_summary", "run_threaded",
            "run_virtual", "step_losses", "stragglers"]

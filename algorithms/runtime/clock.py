@@ -43,6 +43,12 @@ from recjax.concurrency import ThreadGroup
 CLOSED = object()  # what a collective returns when the group shut down
 
 
+class WorkerLost(Exception):
+    """Raised inside a role when the process doing its work died (the Ray backend): the
+    interpreter ends that role, counts it in `Schedule.lost`, and the other roles go on. A
+    role that must tell others (GBA's PS gates) catches it first."""
+
+
 @dataclasses.dataclass
 class Link:
     """A PS network link: serves one transfer at a time at ``bandwidth`` bytes/s.
@@ -219,10 +225,12 @@ class Schedule:
     """What an interpreter reports. Attributes:
       seconds: wall seconds (threaded) or virtual seconds (virtual) until the foreground ended.
       trace: role indices in the order their events ran (virtual mode only).
+      lost: ``"role: reason"`` of each role that ended with `WorkerLost`.
     """
 
     seconds: float
     trace: list[int]
+    lost: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def events(self) -> int:
@@ -231,7 +239,8 @@ class Schedule:
         return len(self.trace)
 
 
-def _drive(role: Role, stop: threading.Event, emulate: bool) -> None:
+def _drive(role: Role, stop: threading.Event, emulate: bool, name: str = "",
+           lost: list | None = None) -> None:
     """Thread body: run one role's effects for real until it ends or `stop` is set."""
     value = None
     try:
@@ -240,6 +249,12 @@ def _drive(role: Role, stop: threading.Event, emulate: bool) -> None:
             try:
                 effect = role.send(value)
             except StopIteration:
+                return
+            except WorkerLost as e:
+                if lost is not None:
+                    lost.append(f"{name}: {e}")
+                print(f"recjax: role {name} ended, its process died ({e}); the run goes on "
+                      "without it", flush=True)
                 return
             value = None
             if isinstance(effect, Work):
@@ -301,9 +316,10 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
       KeyboardInterrupt on SIGINT or SIGTERM (after every role has stopped).
     """
     t0 = time.perf_counter()
+    lost: list[str] = []
     with _signals_stop(group.stop) as signals:
-        threads = [group.spawn(_drive, r.role, group.stop, emulate_links, name=r.name)
-                   for r in roles]
+        threads = [group.spawn(_drive, r.role, group.stop, emulate_links, r.name, lost,
+                               name=r.name) for r in roles]
         try:
             group.wait([t for t, r in zip(threads, roles) if r.foreground], on_poll=on_poll)
             seconds = time.perf_counter() - t0
@@ -314,7 +330,7 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
         raise RuntimeError(f"threads did not stop within the timeout: {[t.name for t in left]}")
     if signals:
         raise KeyboardInterrupt(f"signal {signals[0]}")
-    return Schedule(seconds, [])
+    return Schedule(seconds, [], lost)
 
 
 def run_virtual(roles: list[RoleSpec]) -> Schedule:

@@ -71,6 +71,41 @@ def _init_scale(cfg: Config) -> str | float:
     return cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
 
 
+def model_spec(cfg: Config, spec: FeatureSpec) -> FeatureSpec:
+    """The feature spec the run's model is built on (raw-id data: the LRU store's rows)."""
+    return _with_vocab(spec, cfg.embed.capacity) if cfg.embed.store == "lru" else spec
+
+
+def mini_layout(layout, rows: int, max_len: int):
+    """The layout of per-batch mini tables: every touched row of a `rows`-row batch."""
+    return dataclasses.replace(layout, tables=tuple(
+        dataclasses.replace(t, num_embeddings=rows * len(t.field_index) * max_len)
+        for t in layout.tables))
+
+
+def make_grads(mini, mini_model: Model):
+    """A worker's gradient on the rows it pulled, unjitted: ``grads(params, minis, local) ->
+    (metrics, g_params, {table: (local ids, row grads)})`` and ``grads_rows``, the same with
+    one summed row per unique id (``table -> f32[n_pad, D]``, GBA's PS aggregates those).
+
+    Module-level so that a worker process (the Ray backend) builds the same function from the
+    config as the threads do."""
+
+    def grads(params, minis, batch):
+        acts = lookup(mini, minis, batch.ids, batch.mask)
+        (loss, logits), (g_params, g_acts) = loss_and_grads(mini_model, params, acts, batch)
+        rows = row_gradients(mini, g_acts, batch.ids, batch.mask)
+        return step_metrics(loss, logits, batch.label), g_params, rows
+
+    def grads_rows(params, minis, batch):
+        m, g_params, rows = grads(params, minis, batch)
+        summed = {k: jnp.zeros_like(minis[k]).at[ids].add(g, mode="drop")
+                  for k, (ids, g) in rows.items()}
+        return m, g_params, summed
+
+    return grads, grads_rows
+
+
 class Replica:
     """A trainer's dense params and optimizer state, shared by its threads without a lock.
 
@@ -152,6 +187,21 @@ class Runtime:
     def __init__(self, cfg: Config, num_workers: int, batch_size: int = 0):
         self.t0 = time.perf_counter()
         self.cfg, rc, tc = cfg, cfg.runtime, cfg.train
+        self.ckpt = self.cluster = None
+        self.backend = "virtual" if tc.deterministic else rc.backend
+        self.dense_on_actor = False  # ray: the dense gradients' consumer is an actor
+        try:
+            self._setup(cfg, num_workers, batch_size)
+        except BaseException:
+            self.close()  # no Ray process outlives a failed start
+            raise
+
+    def _setup(self, cfg: Config, num_workers: int, batch_size: int) -> None:
+        rc, tc = cfg.runtime, cfg.train
+        if self.backend == "ray":
+            from algorithms.runtime import ray_backend
+
+            self.cluster = ray_backend.Cluster(cfg.ray)
         self.num_workers = num_workers
         self.batch_size = batch_size or tc.batch_size
         self.data = open_data(cfg)
@@ -167,6 +217,7 @@ class Runtime:
         else:
             self.model, self.tx, self.sparse_opt, state = build(cfg, self.data.spec)
         layout = self.model.layout
+        self.max_len = self.data.spec.max_len
         self.mini_layout = self._mini(self.batch_size)  # tables of one worker batch's rows
         self.mini_model = Model(self.model.module, self.mini_layout, self.model.microbatches)
         mini, mini_model = self.mini_layout, self.mini_model
@@ -174,11 +225,9 @@ class Runtime:
         self.costs = ps_lib.profile_costs(layout, profile)
         self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
         if lru:
-            self.ps = ps_lib.EmbeddingPS(layout, {}, {}, self.sparse_opt, self.placement,
-                                         rc.ps_shards, lru=dict(
-                                             capacity=cfg.embed.capacity, seed=tc.seed,
-                                             init=_init_scale(cfg),
-                                             admit_probability=cfg.embed.admit_probability))
+            self.ps = self._make_ps({}, {}, dict(
+                capacity=cfg.embed.capacity, seed=tc.seed, init=_init_scale(cfg),
+                admit_probability=cfg.embed.admit_probability))
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
         self.ckpt, state, self.progress = contract.open_run(cfg, state)
         self.init_state = state
@@ -186,7 +235,6 @@ class Runtime:
         self.steps_per_epoch = self.data.train_rows // tc.batch_size
         self.total_steps = tc.steps or tc.epochs * self.steps_per_epoch
         if tc.resume and self.start_step >= self.total_steps:
-            self.close()
             raise ValueError(f"the checkpoint is at step {self.start_step}, which already reaches "
                              f"the requested {self.total_steps} steps; raise --steps (or --epochs) "
                              "to go on")
@@ -201,25 +249,15 @@ class Runtime:
             if self.start_step:
                 self.ps.restore(state.tables, state.slots)
         else:
-            self.ps = ps_lib.EmbeddingPS(layout, state.tables, state.slots, self.sparse_opt,
-                                         self.placement, rc.ps_shards)
+            self.ps = self._make_ps(state.tables, state.slots, None)
         for shard in self.ps.shards:  # the sparse optimizer's step goes on from the checkpoint
-            shard.step = self.start_step
+            if shard.tables:
+                shard.step = self.start_step
 
-        def grads(params, minis, batch):
-            acts = lookup(mini, minis, batch.ids, batch.mask)
-            (loss, logits), (g_params, g_acts) = loss_and_grads(mini_model, params, acts, batch)
-            rows = row_gradients(mini, g_acts, batch.ids, batch.mask)
-            return step_metrics(loss, logits, batch.label), g_params, rows
-
-        def grads_rows(params, minis, batch):
-            m, g_params, rows = grads(params, minis, batch)
-            summed = {k: jnp.zeros_like(minis[k]).at[ids].add(g, mode="drop")
-                      for k, (ids, g) in rows.items()}
-            return m, g_params, summed
-
+        grads, grads_rows = make_grads(mini, mini_model)
         self.grads = jax.jit(grads)
         self.grads_rows = jax.jit(grads_rows)
+        self._fns: dict = {}
         self.dense_apply = jax.jit(lambda p, o, g: apply_dense(self.tx, p, o, g))
         self.dense_bytes = sum(int(x.size) * 4 for x in jax.tree.leaves(state.params))
         # Compile before any thread starts (compiling holds the GIL: PERF_NOTES 5).
@@ -229,11 +267,48 @@ class Runtime:
         jax.block_until_ready(self.dense_apply(state.params, state.opt_state, g))
         self.ps.warm(rows, rg)
 
+    def _make_ps(self, tables: dict, slots: dict, lru: dict | None) -> ps_lib.EmbeddingPS:
+        """The embedding PS: shards in this process, or Ray actors (``--backend ray``)."""
+        rc = self.cfg.runtime
+        if self.cluster is not None:
+            from algorithms.runtime import ray_backend
+
+            self.groups = ray_backend.Groups(self)
+            return ray_backend.RayEmbeddingPS(self.cluster, self.cfg, self.model.layout, tables,
+                                              slots, self.placement, rc.ps_shards, lru=lru)
+        return ps_lib.EmbeddingPS(self.model.layout, tables, slots, self.sparse_opt,
+                                  self.placement, rc.ps_shards, lru=lru)
+
+    def host(self, obj: Any, factory, *args, **proxy) -> Any:
+        """A server the roles share: `obj` itself, or under Ray a `ray_backend.Hosted` proxy
+        of ``factory(*args)`` built in its own actor (of `obj`'s class, or `obj` if it is a
+        class: `proxy` keywords say which attributes stay local, which methods notify, which
+        results stay references)."""
+        if self.cluster is None:
+            if isinstance(obj, type):
+                raise TypeError("Runtime.host needs the server itself outside the Ray backend")
+            return obj
+        from algorithms.runtime import ray_backend
+
+        handle = self.cluster.spawn(ray_backend._Host, factory, *args, concurrency=16,
+                                    resource=self.cfg.ray.ps_resource)
+        return ray_backend.Hosted(handle, obj if isinstance(obj, type) else type(obj), **proxy)
+
+    def remote_fn(self, group: int, name: str, factory, *args):
+        """``jax.jit(factory(rt, *args))``, or under Ray the same function compiled in worker
+        group `group`'s actor and called there (numpy in, numpy out)."""
+        if self.cluster is None:
+            key = (name, args)
+            if key not in self._fns:
+                self._fns[key] = jax.jit(factory(self, *args))
+            return self._fns[key]
+        from algorithms.runtime import ray_backend
+
+        return ray_backend.RemoteFn(self.groups, group, name, factory, args)
+
     def _mini(self, rows: int):
         """The layout of per-batch mini tables: every touched row of a `rows`-row batch."""
-        return dataclasses.replace(self.model.layout, tables=tuple(
-            dataclasses.replace(t, num_embeddings=rows * len(t.field_index)
-                                * self.data.spec.max_len) for t in self.model.layout.tables))
+        return mini_layout(self.model.layout, rows, self.data.spec.max_len)
 
     def _predict(self):
         """``(params, tables, batch) -> logits`` for eval: the full tables, or (LRU store) the
@@ -291,7 +366,14 @@ class Runtime:
                           self.total_steps * m, self._localize if localize else None,
                           self._depth)
 
-    def worker(self, wid: int, supply: StaticShards | SharedList) -> Worker:
+    def worker(self, wid: int, supply: StaticShards | SharedList, group: int | None = None
+               ) -> Worker:
+        """Worker `wid`; under Ray its compute runs in worker group `group`'s actor process
+        (default: a process of its own; ShadowSync groups a trainer's workers)."""
+        if self.cluster is not None:
+            from algorithms.runtime import ray_backend
+
+            return ray_backend.RayWorker(self, wid, supply, wid if group is None else group)
         return Worker(self, wid, supply)
 
     def state(self, params: Any, opt_state: Any, step: int) -> TrainState:
@@ -302,6 +384,8 @@ class Runtime:
     def close(self) -> None:
         if self.ckpt is not None:
             self.ckpt.close()
+        if self.cluster is not None:
+            self.cluster.stop()
 
     def _totals(self, workers: list[Worker]) -> dict:
         ms = [m for w in workers for m in w.counters.metrics]
@@ -328,6 +412,8 @@ class Runtime:
         try:
             if self.cfg.train.deterministic:
                 return run_virtual(roles)
+            if self.cluster is not None:  # compile every worker group before the clock runs
+                self.groups.warm_all(self.init_state.params, self.warm_batch)
             group = ThreadGroup("recjax-rt")
             return run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
         except KeyboardInterrupt:
@@ -339,6 +425,9 @@ class Runtime:
                 contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step),
                               self.progress, time.perf_counter() - self.t0, interrupted=True)
                 print(f"interrupted at step {step}; checkpoint in {self.cfg.train.out}")
+            self.close()
+            raise
+        except BaseException:
             self.close()
             raise
         finally:
@@ -369,6 +458,11 @@ class Runtime:
         ev, preds = contract.evaluate(cfg, self.data, self._predict(), params, state.tables)
         if self.ps.lru:
             extra = {"lru": self.ps.lru_counters(), **extra}
+        extra = {"backend": self.backend, "lost_roles": sched.lost, **extra}
+        if self.cluster is not None:
+            extra.update(self.ps.fault_counters(), ray_worker_groups=len(self.groups.handles),
+                         ray_worker_respawns=self.groups.respawns)
+            self.cluster.stop()
         shard = np.sum([w.counters.shard_bytes for w in workers], axis=0).tolist()
         unit = "virtual" if tc.deterministic else "wall"
         summary = contract.build_summary(

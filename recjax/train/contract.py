@@ -143,14 +143,17 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
     Raises:
       ValueError: a fresh run into an ``--out`` that holds checkpoints, or a resume whose
         config differs from the checkpoint's in a key that changes the trajectory.
+      CheckpointCorruptError: a resume where no checkpoint is intact.
     """
     tc = cfg.train
     if tc.out and checkpoints:
         lock_out(tc.out)
     ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts)
             if tc.out and checkpoints else None)
+    if ckpt:
+        ckpt.clean_stale()  # saves a kill cut short; safe under the lock
     if tc.resume:
-        state, meta = ckpt.restore(state)
+        state, meta = ckpt.restore(state)  # the newest intact checkpoint
         # compare as JSON sees them (tuples were saved as lists)
         check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())))
         return ckpt, state, Progress(meta.get("progress"))

@@ -1,0 +1,708 @@
+"""The Ray backend of the host-async engine (``--backend ray``; docs/distributed.md).
+
+Under ``ray`` the state and the compute of a run live in Ray actor processes; the roles
+(``clock.py``'s generators, unchanged) still run in the driver's threads, where they only
+orchestrate: they hand object references from actor to actor, so the arrays a role moves go
+through Ray's object store between the processes that own them, not through the driver.
+
+* `ShardServer`: one actor per embedding PS shard (a `ps.EmbeddingShard` or `ps.LruShard`
+  built in the actor), serving ``ray.ps_concurrency`` requests at once, so pulls and pushes of
+  different workers overlap (Hogwild across workers, as the threaded shards). `RayEmbeddingPS`
+  is `ps.EmbeddingPS`'s interface over them: one call per (batch, shard) in each direction,
+  never per id, carrying only that shard's tables.
+* `ComputeServer`: one actor per worker group (a worker of async PS and GBA, a trainer's m
+  workers for ShadowSync, an NN worker of Persia), running single-process JAX: the gradient
+  function the threads run (`engine.make_grads`), rebuilt in the actor from the config.
+* `host`: any value-only server (``ps.DensePS``, ``ps.SyncPS``, GBA's PS0) as an actor behind
+  a `Hosted` proxy of the same interface; calls are remote, references nested in arguments
+  are resolved in the actor.
+
+Failures. A worker-group actor that dies ends the in-flight batch of each of its workers:
+`RayWorker.compute` raises `clock.WorkerLost`, the interpreter ends that role and counts it,
+the other roles go on. A PS actor that dies is restarted from its last in-memory snapshot
+(every ``ray.snapshot_every`` pushes, kept in the object store by the driver) and the request
+is retried; the pushes applied since the snapshot are lost and counted. After
+``ray.max_ps_restarts`` restarts of one shard the run stops with `PsFailed`. ``ray.kill``
+injects both faults with SIGKILL (tests/test_ray_backend.py).
+
+Checkpoints. Pushes are synchronous (a role's push returns once every shard applied it), so
+when the roles have stopped no push is in flight: the snapshot the engine writes after the
+roles (end of run, Ctrl-C) is consistent across shards and has the single-device layout, so
+a Ray run resumes on threads and back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import signal as signal_lib
+import threading
+import types
+from typing import Any
+
+import jax
+import numpy as np
+
+from algorithms.runtime import ps as ps_lib
+from algorithms.runtime.clock import Work, WorkerLost
+from recjax.config import Config, RayConfig
+from recjax.embeddings import make_sparse_optimizer
+from recjax.embeddings.dynamic import LruStore
+from recjax.features import FeatureSpec
+from recjax.train.step import Model
+
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the repository: recjax, algorithms
+_CLUSTERS: list[Cluster] = []
+# Objects up to this size travel inside the call's reply instead of through the shared-memory
+# store: on the 2-core box a 131 KB result costs 4.2 ms through the store, 2.2 ms inline
+# (docs/performance.md, "Ray backend").
+# Each actor process is one worker's (or one shard's) compute: one XLA thread each, instead of
+# every process spinning a pool as wide as the host (oversubscription on small hosts).
+ACTOR_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+SYSTEM_CONFIG = {"max_direct_call_object_size": 16 << 20, "task_rpc_inlined_bytes_limit": 64 << 20}  # started by this process, stopped by `shutdown`
+
+
+def _ray():
+    import ray  # only the Ray backend needs it
+
+    return ray
+
+
+def parse_kill(spec: str) -> dict[tuple[str, int], int]:
+    """``worker:W@I,ps:S@I`` -> ``{(kind, index): iteration}``.
+
+    Raises:
+      ValueError: naming the bad term and the expected form.
+    """
+    out = {}
+    for term in filter(None, (t.strip() for t in spec.split(","))):
+        try:
+            kind, rest = term.split(":")
+            idx, at = rest.split("@")
+            key, when = (kind, int(idx)), int(at)
+        except ValueError:
+            raise ValueError(f"ray.kill: {term!r} is not KIND:INDEX@ITERATION (e.g. worker:0@5 "
+                             "or ps:1@20)") from None
+        if kind not in ("worker", "ps") or key[1] < 0 or when < 1:
+            raise ValueError(f"ray.kill: {term!r}: KIND is worker or ps, INDEX >= 0, "
+                             "ITERATION >= 1")
+        out[key] = when
+    return out
+
+
+def sigkill(handle, pid: int) -> None:
+    """kill -9 an actor's process (on this host), or have Ray kill it (another host)."""
+    try:
+        os.kill(pid, signal_lib.SIGKILL)
+    except ProcessLookupError:
+        _ray().kill(handle, no_restart=True)
+
+
+class PsFailed(RuntimeError):
+    """A PS shard died more often than ``ray.max_ps_restarts``."""
+
+
+class Cluster:
+    """The run's Ray instance and the actors it started.
+
+    Starts a local instance (``ray.address`` empty) or joins a cluster; `stop` kills every
+    actor of the run and shuts a local instance down, leaving no process behind.
+    """
+
+    def __init__(self, rc: RayConfig):
+        ray = _ray()
+        self.rc, self.actors, self.started = rc, [], False
+        self._remote: dict[type, Any] = {}
+        if not ray.is_initialized():
+            if rc.address:  # another host may not have this checkout: ship the packages
+                env = {"py_modules": [os.path.join(ROOT, m) for m in
+                                      ("recjax", "algorithms", "sharding")],
+                       "env_vars": ACTOR_ENV}
+                ray.init(address=rc.address, runtime_env=env, logging_level=logging.WARNING)
+            else:
+                path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+                ray.init(num_cpus=rc.num_cpus or None, include_dashboard=False,
+                         logging_level=logging.WARNING, _system_config=SYSTEM_CONFIG,
+                         runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
+            self.started = True
+            _CLUSTERS.append(self)
+
+    def spawn(self, cls: type, *args, concurrency: int = 1, resource: str = "") -> Any:
+        """An actor of `cls` (a plain class) built from `args` in its own process."""
+        ray = _ray()
+        if cls not in self._remote:
+            self._remote[cls] = ray.remote(cls)
+        opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": concurrency, "max_restarts": 0}
+        if resource:
+            opts["resources"] = {resource: 1}
+        handle = self._remote[cls].options(**opts).remote(*args)
+        self.actors.append(handle)
+        return handle
+
+    def stop(self) -> None:
+        ray = _ray()
+        for h in self.actors:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 -- already gone
+                pass
+        self.actors = []
+        if self.started:
+            ray.shutdown()
+            self.started = False
+            if self in _CLUSTERS:
+                _CLUSTERS.remove(self)
+
+
+def shutdown() -> None:
+    """Stop every cluster this process started (the safety net of `algorithms.run`)."""
+    for c in list(_CLUSTERS):
+        c.stop()
+
+
+# -- references nested in arguments -----------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ShardGrads:
+    """A worker's row gradients as one object reference per PS shard (``None``: no tables)."""
+
+    refs: tuple
+
+
+def resolve(x: Any) -> Any:
+    """`x` with every object reference in it fetched (dataclasses, tuples, lists, dicts);
+    `ShardGrads` becomes the merged ``table -> gradient`` dict."""
+    ray = _ray()
+    if isinstance(x, ray.ObjectRef):
+        return ray.get(x)
+    if isinstance(x, ShardGrads):
+        out = {}
+        for part in ray.get([r for r in x.refs if r is not None]):
+            out.update(part)
+        return out
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(x, **{f.name: resolve(getattr(x, f.name))
+                                         for f in dataclasses.fields(x)})
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(resolve(v) for v in x)
+    if isinstance(x, list):
+        return [resolve(v) for v in x]
+    if isinstance(x, dict):
+        return {k: resolve(v) for k, v in x.items()}
+    return x
+
+
+def host_value(x: Any) -> Any:
+    """What a call sends: object references as they are, jax arrays as numpy."""
+    if isinstance(x, _ray().ObjectRef):
+        return x
+    return jax.device_get(x)
+
+
+# -- hosted servers -----------------------------------------------------------------------------
+class _Host:
+    """The actor body of `host`: an object built by `factory`, called by method name."""
+
+    def __init__(self, factory, *args):
+        self.obj = factory(*args)
+
+    def call(self, method: str, *args) -> Any:
+        return getattr(self.obj, method)(*resolve(args))
+
+    def attr(self, name: str) -> Any:
+        return getattr(self.obj, name)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Hosted:
+    """A proxy of an object living in an actor (see `host`).
+
+    Methods of `cls` become blocking remote calls; other attributes are remote reads, except
+    the ones in `local`. After a call of a method in `mutating`, `local["signal"]` (if any) is
+    notified, as the threaded server notifies its own signal after a write. A method in
+    `by_ref` (``name -> (results, index)``) returns its result tuple with element ``index``
+    left as an object reference (e.g. the dense params a worker pulls go from the PS actor to
+    the worker's actor without passing through the driver).
+    """
+
+    def __init__(self, handle, cls: type, local: dict | None = None, mutating=(),
+                 by_ref: dict | None = None):
+        self.__dict__.update(_handle=handle, _cls=cls, _local=local or {},
+                             _mutating=set(mutating), _by_ref=by_ref or {})
+
+    def __getattr__(self, name: str) -> Any:
+        ray = _ray()
+        if name in self._local:
+            return self._local[name]
+        if not callable(getattr(self._cls, name, None)):
+            return ray.get(self._handle.attr.remote(name))
+
+        def method(*args):
+            args = tuple(host_value(a) if not isinstance(a, ShardGrads) and not
+                         dataclasses.is_dataclass(a) else a for a in args)
+            if name in self._by_ref:
+                n, keep = self._by_ref[name]
+                refs = self._handle.call.options(num_returns=n).remote(name, *args)
+                out = tuple(r if i == keep else ray.get(r) for i, r in enumerate(refs))
+            else:
+                out = ray.get(self._handle.call.remote(name, *args))
+            if name in self._mutating and "signal" in self._local:
+                self._local["signal"].notify()
+            return out
+
+        return method
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self._cls.__name__} lives in a Ray actor; set {name} through "
+                             "one of its methods")
+
+
+# -- embedding PS shards -----------------------------------------------------------------------
+class ShardServer:
+    """The actor body of one embedding PS shard.
+
+    Args:
+      index: the shard number.
+      sparse: the sparse optimizer's config (the optimizer is rebuilt here).
+      tables, slots: the shard's tables (fixed store).
+      lru: ``None`` or the LruStore keywords, with ``dims`` (``name -> D``) of its tables.
+    """
+
+    def __init__(self, index: int, sparse, tables: dict, slots: dict, lru: dict | None):
+        opt = make_sparse_optimizer(sparse)
+        self.lru = lru is not None
+        if self.lru:
+            kw = dict(lru)
+            dims = kw.pop("dims")
+            self.shard = ps_lib.LruShard(index, {name: LruStore(name, d, opt=opt, **kw)
+                                                 for name, d in dims.items()})
+        else:
+            self.shard = ps_lib.EmbeddingShard(index, tables, slots, opt)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def pull(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
+        return self.shard.pull(rows, admit) if self.lru else self.shard.pull(rows)
+
+    def push(self, rows: ps_lib.Rows, grads: dict) -> None:
+        self.shard.push(rows, grads)
+
+    def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
+        self.shard.warm(rows, grads)
+
+    def snapshot(self) -> tuple:
+        return self.shard.snapshot()
+
+    def restore(self, snap: tuple) -> None:
+        self.shard.restore(snap)
+
+    def set_tables(self, tables: dict, slots: dict) -> None:
+        """Replace rows and slots (a resumed state), keeping the optimizer step."""
+        self.shard.restore((tables, slots, self.shard.step))
+
+    def wipe(self) -> None:
+        self.shard.wipe()
+
+    def counters(self) -> dict:
+        return self.shard.counters()
+
+    def get_step(self) -> int:
+        return self.shard.step
+
+    def set_step(self, step: int) -> None:
+        self.shard.step = step
+
+
+class ShardProxy:
+    """The driver's handle of one PS shard actor: calls, snapshots, restarts.
+
+    Every request goes through `submit` then `result`; a request whose actor died restarts
+    the shard from its last snapshot (once, whichever thread notices first) and is retried.
+    """
+
+    def __init__(self, cluster: Cluster | None, index: int, names: list[str], args: tuple,
+                 rc: RayConfig, kill_at: int = 0):
+        self.index, self.names, self.tables = index, names, names
+        self._cluster, self._args, self._rc, self._kill_at = cluster, args, rc, kill_at
+        self.restarts = self.pushes_lost = self.pushes = 0
+        self._lock = threading.Lock()
+        self._gen = 0
+        self._snap = self._prev = None
+        self._snap_at = self._prev_at = 0
+        if cluster is not None and names:
+            self._spawn()
+            self._snap = self.handle.snapshot.remote()
+
+    def __getstate__(self):  # a client in another actor (GBA's PS0): no restarts there
+        return {"index": self.index, "names": self.names, "tables": self.tables,
+                "handle": getattr(self, "handle", None), "_gen": self._gen}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _cluster=None, _lock=threading.Lock(), _kill_at=0,
+                             restarts=0, pushes_lost=0, pushes=0, _snap=None, _prev=None)
+
+    def _spawn(self) -> None:
+        self.handle = self._cluster.spawn(ShardServer, *self._args,
+                                          concurrency=self._rc.ps_concurrency,
+                                          resource=self._rc.ps_resource)
+        self.pid = _ray().get(self.handle.pid.remote())
+
+    def submit(self, method: str, *args) -> tuple[int, Any]:
+        if method == "push" and self._kill_at and self.pushes + 1 == self._kill_at:
+            self._kill_at = 0
+            sigkill(self.handle, self.pid)
+        return self._gen, getattr(self.handle, method).remote(*args)
+
+    def result(self, sent: tuple[int, Any], method: str, *args) -> Any:
+        ray = _ray()
+        gen, ref = sent
+        while True:
+            try:
+                out = ray.get(ref)
+                break
+            except ray.exceptions.RayActorError as e:
+                self._restart(gen, e)
+                gen, ref = self.submit(method, *args)
+        if method == "push":
+            self._pushed()
+        return out
+
+    def call(self, method: str, *args) -> Any:
+        return self.result(self.submit(method, *args), method, *args)
+
+    def _pushed(self) -> None:
+        with self._lock:
+            self.pushes += 1
+            if self._cluster is not None and self.pushes - self._snap_at >= self._rc.snapshot_every:
+                self._prev, self._prev_at = self._snap, self._snap_at
+                self._snap, self._snap_at = self.handle.snapshot.remote(), self.pushes
+
+    def _restart(self, gen: int, error: Exception) -> None:
+        ray = _ray()
+        with self._lock:
+            if gen != self._gen:  # another thread restarted it already
+                return
+            if self._cluster is None:
+                raise PsFailed(f"embedding PS shard {self.index} died ({error}); the process "
+                               "that restarts it is the driver's") from error
+            if self.restarts >= self._rc.max_ps_restarts:
+                raise PsFailed(f"embedding PS shard {self.index} died {self.restarts + 1} times "
+                               f"(ray.max_ps_restarts={self._rc.max_ps_restarts}); the run stops "
+                               "with the checkpoint it has") from error
+            snap, at = None, 0
+            for ref, when in ((self._snap, self._snap_at), (self._prev, self._prev_at)):
+                try:
+                    snap, at = ray.get(ref), when
+                    break
+                except ray.exceptions.RayError:  # the snapshot died with the actor
+                    continue
+            if snap is None:
+                raise PsFailed(f"embedding PS shard {self.index} died and no snapshot of it "
+                               "survived") from error
+            self._spawn()
+            ray.get(self.handle.restore.remote(snap))
+            self.restarts += 1
+            self.pushes_lost += self.pushes - at
+            self.pushes = at
+            self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), at, None
+            self._gen += 1
+            print(f"recjax: embedding PS shard {self.index} died; restarted from its snapshot "
+                  f"at push {at} ({self.pushes_lost} pushes lost so far)", flush=True)
+
+    # the EmbeddingShard interface the algorithms use (Persia's recovery, GBA's warm-up)
+    def pull(self, rows, admit: bool = True):
+        return self.call("pull", rows, admit)
+
+    def push(self, rows, grads) -> None:
+        self.call("push", rows, grads)
+
+    def snapshot(self):
+        return self.call("snapshot")
+
+    def restore(self, snap) -> None:
+        self.call("restore", snap)
+
+    def wipe(self) -> None:
+        self.call("wipe")
+
+    def warm(self, rows, grads) -> None:
+        self.call("warm", rows, grads)
+
+    def counters(self) -> dict:
+        return self.call("counters")
+
+    @property
+    def step(self) -> int:
+        return self.call("get_step")
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.call("set_step", int(value))
+
+
+class RayEmbeddingPS(ps_lib.EmbeddingPS):
+    """`ps.EmbeddingPS` over `ShardServer` actors (same arguments, plus the run's cluster and
+    config); its pulls and pushes fan out to the shards at once and wait for all of them."""
+
+    def __init__(self, cluster: Cluster, cfg: Config, layout, tables: dict, slots: dict,
+                 placement: dict[str, int], shards: int, lru: dict | None = None):
+        self.layout, self.placement, self.num_shards = layout, placement, shards
+        self.lru = lru is not None
+        self._dim = {t.name: t.embedding_dim for t in layout.tables}
+        kills = parse_kill(cfg.ray.kill)
+        self.shards = []
+        for s in range(shards):
+            names = [t.name for t in layout.tables if placement[t.name] == s]
+            if self.lru:
+                args = (s, cfg.sparse, {}, {}, dict(lru, dims={n: self._dim[n] for n in names}))
+            else:
+                args = (s, cfg.sparse, {k: np.asarray(tables[k]) for k in names},
+                        {k: jax.device_get(slots[k]) for k in names}, None)
+            self.shards.append(ShardProxy(cluster, s, names, args, cfg.ray,
+                                          kills.get(("ps", s), 0)))
+
+    @staticmethod
+    def _part(d: dict, names: list[str]) -> dict:
+        return {k: d[k] for k in names}
+
+    def pull_refs(self, rows: ps_lib.Rows, admit: bool = True) -> list:
+        """One pull per shard with tables, not waited for: ``[(shard, sent)]``."""
+        return [(sh, sh.submit("pull", self._part(rows, sh.names), admit))
+                for sh in self.shards if sh.names]
+
+    def pull(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
+        out = {}
+        for sh, sent in self.pull_refs(rows, admit):
+            out.update(sh.result(sent, "pull", self._part(rows, sh.names), admit))
+        return out
+
+    def push(self, rows: ps_lib.Rows, grads) -> None:
+        sent = []
+        for s, sh in enumerate(self.shards):
+            if not sh.names:
+                continue
+            part = grads.refs[s] if isinstance(grads, ShardGrads) else self._part(
+                {k: jax.device_get(grads[k]) for k in sh.names}, sh.names)
+            args = (self._part(rows, sh.names), part)
+            sent.append((sh, sh.submit("push", *args), args))
+        for sh, s, args in sent:
+            sh.result(s, "push", *args)
+
+    def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
+        for sh in self.shards:
+            if sh.names:
+                sh.warm(self._part(rows, sh.names), self._part(jax.device_get(grads), sh.names))
+
+    def snapshot(self) -> tuple[dict, dict]:
+        tables, slots = {}, {}
+        for sh in self.shards:
+            if not sh.names:
+                continue
+            t, sl, _ = sh.snapshot()
+            if self.lru:
+                for k, v in t.items():
+                    tables[k], slots[k] = ps_lib.lru_state(v)
+            else:
+                tables.update(t)
+                slots.update(sl)
+        return ({t.name: tables[t.name] for t in self.layout.tables},
+                {t.name: slots[t.name] for t in self.layout.tables})
+
+    def restore(self, tables: dict, slots: dict) -> None:
+        for sh in self.shards:
+            if not sh.names:
+                continue
+            if self.lru:
+                snaps = {k: ps_lib.lru_snapshot(tables[k], jax.device_get(slots[k]))
+                         for k in sh.names}
+                sh.restore((snaps, {}, sh.step))
+            else:
+                sh.call("set_tables", {k: np.asarray(tables[k]) for k in sh.names},
+                        {k: jax.device_get(slots[k]) for k in sh.names})
+
+    def fault_counters(self) -> dict:
+        return {"ps_restarts": sum(sh.restarts for sh in self.shards),
+                "ps_pushes_lost": sum(sh.pushes_lost for sh in self.shards)}
+
+
+# -- worker groups -----------------------------------------------------------------------------
+class ComputeServer:
+    """The actor body of a worker group: the run's model and gradient functions, built here
+    from the config as `engine.Runtime` builds them (single-process JAX in this process).
+
+    Args:
+      cfg: the run's config.
+      spec: the data's feature spec.
+      batch_size: rows of one worker batch.
+      shard_names: the tables of each PS shard (a result per shard).
+    """
+
+    def __init__(self, cfg: Config, spec: FeatureSpec, batch_size: int,
+                 shard_names: list[list[str]]):
+        from algorithms.runtime.engine import make_grads, mini_layout, model_spec
+        from recjax.train.setup import make_model
+
+        model = make_model(cfg, model_spec(cfg, spec))
+        mini = mini_layout(model.layout, batch_size, spec.max_len)
+        mini_model = Model(model.module, mini, model.microbatches)
+        grads, grads_rows = make_grads(mini, mini_model)
+        self._grads, self._grads_rows = jax.jit(grads), jax.jit(grads_rows)
+        self.ctx = types.SimpleNamespace(cfg=cfg, mini_layout=mini, mini_model=mini_model)
+        self.shard_names = shard_names
+        self.fns: dict[str, Any] = {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def compute(self, params, local, coalesce: bool, *parts) -> tuple:
+        """``(metrics, dense grads, row grads of shard 0, ..., of shard S-1)``."""
+        minis = {}
+        for p in parts:
+            minis.update(p)
+        m, g, rows = (self._grads_rows if coalesce else self._grads)(params, minis, local)
+        m, g, rows = jax.device_get((m, g, rows))
+        return (m, g, *[{k: rows[k] for k in names} if names else None
+                        for names in self.shard_names])
+
+    def add(self, name: str, factory, *args) -> None:
+        """Compile-on-call ``jax.jit(factory(ctx, *args))`` under `name` (see `call`)."""
+        self.fns[name] = jax.jit(factory(self.ctx, *args))
+
+    def call(self, name: str, *args) -> Any:
+        return jax.device_get(self.fns[name](*args))
+
+
+class Groups:
+    """The worker-group actors of a run, created on first use."""
+
+    def __init__(self, rt):
+        self.rt, self.handles, self.pids = rt, {}, {}
+        self.respawns = 0
+
+    def respawn(self, group: int) -> None:
+        """Start group `group`'s process again (after it died)."""
+        print(f"recjax: worker group {group}'s process died; starting it again", flush=True)
+        self.handles.pop(group, None)
+        self.respawns += 1
+        self.get(group)
+
+    def get(self, group: int):
+        if group not in self.handles:
+            rt = self.rt
+            names = [sh.names for sh in rt.ps.shards]
+            h = rt.cluster.spawn(ComputeServer, rt.cfg, rt.data.spec, rt.batch_size, names,
+                                 concurrency=8, resource=rt.cfg.ray.worker_resource)
+            self.handles[group] = h
+            self.pids[group] = _ray().get(h.pid.remote())
+        return self.handles[group]
+
+    def warm_all(self, params, batch) -> None:
+        """Compile every group's gradient functions (both variants) before the roles start."""
+        ray = _ray()
+        local, rows = batch
+        n = 2 + len(self.rt.ps.shards)
+        refs = []
+        for h in self.handles.values():
+            for coalesce in (False, True):
+                parts = [ref for _, (_, ref) in self.rt.ps.pull_refs(rows, admit=False)]
+                refs.append(h.compute.options(num_returns=n).remote(host_value(params), local,
+                                                                   coalesce, *parts)[0])
+        ray.get(refs)
+
+
+class RemoteFn:
+    """A jitted function run by a worker group's actor: a blocking call, numpy in and out.
+
+    If the group's process dies, it is started again, the function rebuilt there and the call
+    retried once (counted in `Groups.respawns`): a role whose step cannot simply be dropped
+    (Persia's NN workers, whose activation gradients the embedding workers wait for) goes on.
+    """
+
+    def __init__(self, groups: Groups, group: int, name: str, factory, args: tuple):
+        self.groups, self.group, self.name = groups, group, name
+        self.factory, self.args = factory, args
+        groups.get(group).add.remote(name, factory, *args)
+
+    def __call__(self, *args):
+        ray = _ray()
+        args = tuple(map(host_value, args))
+        for attempt in (0, 1):
+            try:
+                return ray.get(self.groups.get(self.group).call.remote(self.name, *args))
+            except ray.exceptions.RayActorError as e:
+                if attempt:
+                    raise WorkerLost(f"{self.name}: {e}") from e
+                self.groups.respawn(self.group)
+                self.groups.get(self.group).add.remote(self.name, self.factory, *self.args)
+
+
+class RayWorker:
+    """`engine.Worker` whose compute runs in its group's actor (see `Runtime.worker`).
+
+    The rows are pulled shard by shard into the object store and handed to the actor by
+    reference; the row gradients come back as one reference per shard (`ShardGrads`) that the
+    push hands to the shards. With ``rt.dense_on_actor`` the dense gradient stays a reference
+    too (its consumer, a hosted dense PS or GBA's PS0, is an actor).
+    """
+
+    def __init__(self, rt, wid: int, supply, group: int):
+        from algorithms.runtime.engine import Counters
+
+        self.rt, self.wid, self.supply, self.group = rt, wid, supply, group
+        self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
+        self.handle = rt.groups.get(group)
+        self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
+
+    def take(self):
+        return self.supply.take(self.wid)
+
+    def compute(self, params, item: tuple, it: int, coalesce: bool = False):
+        rt, ray = self.rt, _ray()
+        _, (local, rows) = item
+        if self._kill_at and it + 1 == self._kill_at:
+            self._kill_at = 0
+            sigkill(self.handle, self.rt.groups.pids[self.group])
+        n = 2 + len(rt.ps.shards)
+
+        def call(parts):
+            outs = self.handle.compute.options(num_returns=n).remote(
+                host_value(params), local, coalesce, *parts)
+            return outs, ray.get(outs[0])
+
+        try:
+            try:
+                outs, m = call([ref for _, (_, ref) in rt.ps.pull_refs(rows)])
+            except ray.exceptions.RayActorError:
+                if not self._alive():
+                    raise
+                # a PS shard died under the pull: pull again through the proxies (which
+                # restart it) and redo the step on the rows they return
+                outs, m = call([rt.ps._part(rt.ps.pull(rows), sh.names)
+                                for sh in rt.ps.shards if sh.names])
+            g_params = outs[1] if rt.dense_on_actor else ray.get(outs[1])
+        except ray.exceptions.RayActorError as e:
+            raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
+        self.counters.metrics.append(m)
+        self.counters.indices.append(item[0])
+        nbytes = rt.ps.shard_bytes(rows)
+        for s, b in enumerate(nbytes):
+            self.counters.shard_bytes[s] += b
+        work = Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(self.wid, it),
+                    tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
+        return g_params, (rows, ShardGrads(tuple(outs[2:]))), work
+
+    def _alive(self) -> bool:
+        ray = _ray()
+        try:
+            ray.get(self.handle.pid.remote(), timeout=10)
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+
+    def push(self, pending: tuple) -> None:
+        self.rt.ps.push(*pending)
+        self.counters.iterations += 1
