@@ -1,0 +1,244 @@
+"""Checkpoint integrity and signals (issue 16, items 3, 4, 7, 8 and 11).
+
+Each test but the mismatch guard fails on the checkpointer before checksums: flipped bytes
+restored silently (or were called a model mismatch), a damaged array file gave a traceback
+instead of a fall-back, a second signal during a save could leave only an uncommitted temp
+directory, a stale temp directory was never removed, saving a step twice failed with "Checkpoint
+for step N already exists".
+"""
+
+import dataclasses
+import os
+import pathlib
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from recjax import configs
+from recjax.checkpoint import CheckpointCorruptError, Checkpointer
+from recjax.train import contract
+from recjax.train.loop import run
+
+
+def _state(seed: int) -> dict:
+    """A small state whose arrays compress badly, so the array files hold the raw bytes."""
+    rng = np.random.default_rng(seed)
+    return {"w": jnp.asarray(rng.normal(size=(256, 128)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(128,)), jnp.float32),
+            "step": jnp.asarray(seed, jnp.int32)}
+
+
+def _assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _largest_array_file(step_dir: pathlib.Path) -> pathlib.Path:
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def _flip(path: pathlib.Path, n: int = 16) -> None:
+    """Invert `n` bytes in the middle of `path` (a disk or copy error)."""
+    raw = bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    raw[mid:mid + n] = bytes(b ^ 0xFF for b in raw[mid:mid + n])
+    path.write_bytes(bytes(raw))
+
+
+def _damage(path: pathlib.Path, how: str) -> None:
+    if how == "flip":
+        _flip(path)
+    elif how == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    else:
+        path.unlink()
+
+
+def _saved(tmp_path, steps, keep=3) -> Checkpointer:
+    ck = Checkpointer(str(tmp_path / "checkpoints"), keep)
+    for s in steps:
+        ck.save(s, _state(s), {"note": s})
+    return ck
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "empty", "delete"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_good_one(tmp_path, capsys, how):
+    """Items 4 and 8: flipped bytes restored silently (training ran on garbage) and a truncated,
+    empty or deleted array file gave a traceback, or was blamed on the model or data schema."""
+    _saved(tmp_path, [10, 20]).close()
+    _damage(_largest_array_file(tmp_path / "checkpoints" / "20"), how)
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    state, meta = ck.restore(_state(0))
+    ck.close()
+    _assert_same(state, _state(10))
+    assert meta["note"] == 10
+    out = capsys.readouterr().out
+    assert "step 20" in out and "skipped" in out and "does not fit" not in out, out
+
+
+def test_no_intact_checkpoint_is_an_error_naming_the_directory(tmp_path):
+    _saved(tmp_path, [10, 20]).close()
+    for s in ("10", "20"):
+        _flip(_largest_array_file(tmp_path / "checkpoints" / s))
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    with pytest.raises(CheckpointCorruptError) as e:
+        ck.restore(_state(0))
+    ck.close()
+    msg = str(e.value)
+    assert str(tmp_path / "checkpoints") in msg and "does not fit" not in msg, msg
+    assert "step 10" in msg and "step 20" in msg, msg
+
+
+def test_another_model_is_still_reported_as_a_mismatch(tmp_path):
+    """The checksums must not turn a real mismatch (another --model) into "damaged"."""
+    _saved(tmp_path, [10]).close()
+    other = {**_state(0), "w": jnp.zeros((64, 128), jnp.float32)}
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    with pytest.raises(ValueError, match="does not fit this run's model"):
+        ck.restore(other)
+    ck.close()
+
+
+def test_saving_a_step_that_exists_is_a_no_op(tmp_path):
+    """Item 11: Ctrl-C just after a save saved the same step again: "Checkpoint for step 50
+    already exists"."""
+    ck = _saved(tmp_path, [10])
+    ck.save(10, _state(10), {"note": "again"})
+    assert ck.latest_step() == 10
+    _, meta = ck.restore(_state(0))
+    assert meta["note"] == 10
+    ck.close()
+
+
+def _on_commit(monkeypatch, step: int, action):
+    """Run `action(tmp_dir)` just before orbax renames step `step`'s temp directory into place."""
+    real = os.rename
+
+    def rename(src, dst, *a, **kw):
+        if ".orbax-checkpoint-tmp" in os.fspath(src) and os.path.basename(os.fspath(dst)) == str(step):
+            action(pathlib.Path(os.fspath(src)))
+        return real(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def test_rotation_keeps_the_last_good_checkpoint_until_a_newer_one_verifies(tmp_path, monkeypatch,
+                                                                           capsys):
+    """Item 4: with keep_ckpts=1, a newer checkpoint written with bad bytes rotated the only
+    good one away."""
+    ck = _saved(tmp_path, [10], keep=1)
+    _on_commit(monkeypatch, 20, lambda d: _flip(_largest_array_file(d)))
+    ck.save(20, _state(20), {"note": 20})
+    monkeypatch.undo()
+    ck.close()
+    assert (tmp_path / "checkpoints" / "10").is_dir()
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    state, _ = ck.restore(_state(0))
+    ck.close()
+    _assert_same(state, _state(10))
+    assert "step 20" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signals_during_a_save_wait_for_the_commit(tmp_path, monkeypatch, capfd, sig):
+    """Item 3: a second Ctrl-C (or a scheduler's SIGTERM) while the checkpoint was written broke
+    the save: an uncommitted temp directory, older checkpoints rotated away, tracebacks."""
+    ck = _saved(tmp_path, [10], keep=1)
+    seen = []
+
+    def handler(signum, frame):  # what a trainer's handler does: stop (after the save)
+        seen.append((signum, sorted(os.listdir(tmp_path / "checkpoints"))))
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler) if sig == signal.SIGTERM else None
+    try:
+        def twice(_):
+            signal.raise_signal(sig)
+            signal.raise_signal(sig)
+
+        _on_commit(monkeypatch, 20, twice)
+        with pytest.raises(KeyboardInterrupt):
+            ck.save(20, _state(20), {"note": 20})
+        monkeypatch.undo()
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    ck.close()
+    if sig == signal.SIGTERM:  # delivered once, after the commit and the rotation
+        assert seen == [(sig, ["20"])]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["20"]
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    state, _ = ck.restore(_state(0))
+    ck.close()
+    _assert_same(state, _state(20))
+    captured = capfd.readouterr()
+    text = captured.out + captured.err
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1, text
+
+
+def _smoke(out, **train):
+    cfg = configs.smoke()
+    tc = dataclasses.replace(cfg.train, out=str(out), progress=False, **train)
+    return dataclasses.replace(cfg, train=tc)
+
+
+def _leaves(state):
+    return [np.asarray(x) for x in jax.tree.leaves((state.params, state.opt_state, state.tables,
+                                                    state.slots))]
+
+
+def test_resume_past_flipped_bytes_is_bitwise(tmp_path, capsys):
+    """Item 4 end to end: flip bytes in the latest checkpoint, --resume: the run falls back to
+    the previous checkpoint, says so, replaces the bad one and ends where a straight run does."""
+    straight = run(_smoke(tmp_path / "a", steps=60, ckpt_every=20, keep_ckpts=3))
+    run(_smoke(tmp_path / "b", steps=60, ckpt_every=20, keep_ckpts=3, stop_after=40))
+    _flip(_largest_array_file(tmp_path / "b" / "checkpoints" / "40"))
+    capsys.readouterr()
+    resumed = run(_smoke(tmp_path / "b", steps=60, ckpt_every=20, keep_ckpts=3, resume=True))
+    out = capsys.readouterr().out
+    assert "step 40" in out and "skipped" in out, out
+    assert resumed["resumed_from_step"] == 20 and resumed["steps"] == 60
+    for x, y in zip(_leaves(straight["final_state"]), _leaves(resumed["final_state"])):
+        np.testing.assert_array_equal(x, y)
+    ck = Checkpointer(str(tmp_path / "b" / "checkpoints"))
+    state, _ = ck.restore(straight["final_state"], 40)  # re-written, intact
+    ck.close()
+
+
+def test_stale_temp_directories_are_removed_on_start(tmp_path, capsys):
+    """Item 7: a temp directory left by an interrupted save stayed forever."""
+    run(_smoke(tmp_path, steps=10))
+    stale = tmp_path / "checkpoints" / "15.orbax-checkpoint-tmp-1700000000000000"
+    (stale / "state").mkdir(parents=True)
+    (stale / "state" / "junk").write_bytes(b"x" * 100)
+    capsys.readouterr()
+    run(_smoke(tmp_path, steps=20, resume=True))
+    assert not stale.exists()
+    out = capsys.readouterr().out
+    assert "15.orbax-checkpoint-tmp" in out and len([x for x in out.splitlines() if "tmp" in x]) == 1
+
+
+def test_ctrl_c_just_after_a_save_stops_cleanly(tmp_path, monkeypatch):
+    """Item 11: Ctrl-C right after the periodic save made the stop's own save fail with
+    "Checkpoint for step 10 already exists"; it must stop with the checkpoint and resume."""
+    real, calls = contract.save, []
+
+    def save(ckpt, cfg, state, *a, **kw):
+        real(ckpt, cfg, state, *a, **kw)
+        calls.append(int(state.step))
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the Ctrl-C lands as the save returns
+
+    monkeypatch.setattr(contract, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        run(_smoke(tmp_path, steps=30, ckpt_every=10))
+    monkeypatch.undo()
+    assert calls[0] == 10
+    s = run(_smoke(tmp_path, steps=30, ckpt_every=10, resume=True))
+    assert s["resumed_from_step"] == 10 and s["steps"] == 30
