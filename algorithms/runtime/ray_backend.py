@@ -33,6 +33,7 @@ a Ray run resumes on threads and back.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -54,14 +55,14 @@ from recjax.features import FeatureSpec
 from recjax.train.step import Model
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the repository: recjax, algorithms
-_CLUSTERS: list[Cluster] = []
-# Objects up to this size travel inside the call's reply instead of through the shared-memory
-# store: on the 2-core box a 131 KB result costs 4.2 ms through the store, 2.2 ms inline
-# (docs/performance.md, "Ray backend").
+_CLUSTERS: list[Cluster] = []  # started by this process, stopped by `shutdown`
 # Each actor process is one worker's (or one shard's) compute: one XLA thread each, instead of
 # every process spinning a pool as wide as the host (oversubscription on small hosts).
 ACTOR_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
-SYSTEM_CONFIG = {"max_direct_call_object_size": 16 << 20, "task_rpc_inlined_bytes_limit": 64 << 20}  # started by this process, stopped by `shutdown`
+# Objects up to this size travel inside the call's reply instead of through the shared-memory
+# store: on the 2-core box a 131 KB result costs 4.2 ms through the store, 2.2 ms inline
+# (docs/performance.md, "Ray backend").
+SYSTEM_CONFIG = {"max_direct_call_object_size": 16 << 20, "task_rpc_inlined_bytes_limit": 64 << 20}
 
 
 def _ray():
@@ -144,10 +145,8 @@ class Cluster:
     def stop(self) -> None:
         ray = _ray()
         for h in self.actors:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001 -- already gone
-                pass
         self.actors = []
         if self.started:
             ray.shutdown()
