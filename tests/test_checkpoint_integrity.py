@@ -1,16 +1,19 @@
-"""Checkpoint integrity and signals (issue 16, items 3, 4, 7, 8 and 11).
+"""Checkpoint integrity and signals (issue 16, items 3, 4, 7, 8, 11 and 13).
 
 Each test but the mismatch guard fails on the checkpointer before checksums: flipped bytes
 restored silently (or were called a model mismatch), a damaged array file gave a traceback
 instead of a fall-back, a second signal during a save could leave only an uncommitted temp
 directory, a stale temp directory was never removed, saving a step twice failed with "Checkpoint
-for step N already exists".
+for step N already exists", and metrics.jsonl repeated the steps a resumed run replayed.
 """
 
 import dataclasses
+import json
 import os
 import pathlib
+import shutil
 import signal
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -242,3 +245,21 @@ def test_ctrl_c_just_after_a_save_stops_cleanly(tmp_path, monkeypatch):
     assert calls[0] == 10
     s = run(_smoke(tmp_path, steps=30, ckpt_every=10, resume=True))
     assert s["resumed_from_step"] == 10 and s["steps"] == 30
+
+
+def test_metrics_jsonl_has_each_step_once_after_a_resume(tmp_path):
+    """Item 13: the records an interrupted segment wrote past its last checkpoint appeared again
+    when the resumed run replayed those steps; summary.json was created 0600."""
+    old = os.umask(0o022)
+    try:
+        run(_smoke(tmp_path, steps=60, log_every=5, ckpt_every=20, stop_after=35))
+        shutil.rmtree(tmp_path / "checkpoints" / "35")  # killed before the stop's save
+        s = run(_smoke(tmp_path, steps=60, log_every=5, ckpt_every=20, resume=True))
+    finally:
+        os.umask(old)
+    assert s["resumed_from_step"] == 20
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(5, 61, 5))
+    for name in ("metrics.jsonl", "summary.json"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]

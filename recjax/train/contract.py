@@ -33,7 +33,7 @@ from recjax.config import Config
 from recjax.data.pipeline import batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.metrics.logloss import sigmoid
-from recjax.runlog import write_json_atomic
+from recjax.runlog import drop_records_after, write_json_atomic
 from recjax.train.data import RunData
 from recjax.train.setup import count_params
 from recjax.train.step import StepMetrics, TrainState
@@ -156,6 +156,8 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
         state, meta = ckpt.restore(state)  # the newest intact checkpoint
         # compare as JSON sees them (tuples were saved as lists)
         check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+        # this segment replays the steps after the checkpoint: their old records must go
+        drop_records_after(os.path.join(tc.out, "metrics.jsonl"), int(state.step))
         return ckpt, state, Progress(meta.get("progress"))
     if ckpt and ckpt.latest_step() is not None:
         latest = ckpt.latest_step()
