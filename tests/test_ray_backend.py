@@ -1,7 +1,8 @@
 """The Ray backend (``--backend ray``, algorithms/runtime/ray_backend.py): the same roles with
 PS shards, worker groups and the algorithms' servers as actor processes.
 
-Most tests share one local Ray instance (the module fixture; a run that finds Ray running
+Every test that starts Ray is marked slow (``make test-all``, CI) but the equality with
+`train_step`, which stays in ``make test``. Most tests share one local Ray instance (the module fixture; a run that finds Ray running
 kills only its own actors). The process tests start their own instance in a subprocess and
 check that nothing of it is left afterwards.
 """
@@ -46,20 +47,22 @@ def cluster():
     c.stop()
 
 
-def ray_processes() -> list[str]:
-    """Command lines of the Ray processes on this host (raylet, GCS, workers, actors)."""
+def ray_processes(mark: str) -> list[str]:
+    """Processes on this host whose environment carries `mark`: the test's driver and
+    everything it started (raylet, GCS, workers, actors inherit the environment)."""
     out = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"RECJAX_TEST_MARK={mark}".encode() not in f.read():
+                    continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid}: {cmd[:120]}")
         except OSError:
             continue
-        if any(k in cmd for k in ("raylet", "gcs_server", "ray::", "default_worker.py",
-                                  "ray/dashboard", "log_monitor.py", "monitor.py --logs")):
-            out.append(f"{pid}: {cmd[:120]}")
     return out
 
 
@@ -101,6 +104,7 @@ def test_one_worker_equals_train_step(cluster):
     assert s["ray_worker_groups"] == 1 and s["lost_roles"] == [] and s["ps_restarts"] == 0
 
 
+@pytest.mark.slow
 def test_ps_actor_serves_the_same_rows_as_a_local_shard(cluster):
     """A shard actor's pull/push/snapshot against `ps.EmbeddingPS` in this process, on the
     same rows and gradients (LRU store too): equal to the last bit."""
@@ -138,9 +142,8 @@ RUNNERS = {"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run
            "gba": gba.run, "persia": persia.run}
 
 
-@pytest.mark.parametrize("algo", ["async", pytest.param("shadow", marks=pytest.mark.slow),
-                                  pytest.param("fr", marks=pytest.mark.slow), "gba",
-                                  pytest.param("persia", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["async", "shadow", "fr", "gba", "persia"])
 def test_converges_as_on_threads(cluster, algo):
     """Each algorithm reaches the eval NE of its threaded run on the teacher data, within 0.04
     NE: two threaded runs of the GBA config differ by up to 0.026 NE (measured: 0.9717 and
@@ -169,6 +172,7 @@ def test_converges_as_on_threads(cluster, algo):
         assert r["embedding_staleness"]["max"] <= 2
 
 
+@pytest.mark.slow
 def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path):
     """A Ray run's checkpoint has the threads' layout: threads continue it, and Ray continues
     a threaded one; both equal the state the run ended with."""
@@ -191,6 +195,7 @@ def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path):
     assert first is not None
 
 
+@pytest.mark.slow
 def test_killed_worker_ends_its_batch_and_the_run_goes_on(cluster):
     """kill -9 of worker 0's process at its 5th iteration: that role ends, counted; the other
     worker trains its whole share; the model still learns."""
@@ -202,6 +207,7 @@ def test_killed_worker_ends_its_batch_and_the_run_goes_on(cluster):
     assert np.isfinite(s["eval_ne"]) and s["eval_ne"] < 1.0
 
 
+@pytest.mark.slow
 def test_killed_worker_of_gba_returns_no_token(cluster):
     """GBA's sync mode waits for all N workers: a killed worker lowers N, so the run ends."""
     base = small_cfg("gba", steps=20, workers=2, mode="sync")
@@ -211,6 +217,7 @@ def test_killed_worker_of_gba_returns_no_token(cluster):
     assert np.isfinite(s["eval_ne"])
 
 
+@pytest.mark.slow
 def test_killed_ps_shard_restarts_from_its_snapshot(cluster):
     """kill -9 of PS shard 0's process before its 10th push: restarted from the snapshot at
     push 8 (every 4), the one push since it lost; the run finishes every step."""
@@ -223,56 +230,74 @@ def test_killed_ps_shard_restarts_from_its_snapshot(cluster):
     assert np.isfinite(s["eval_ne"]) and s["eval_ne"] < 1.0
 
 
-def _train(args: list[str], **kw) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def _train(args: list[str], mark: str, log) -> subprocess.Popen:
+    """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)
     return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py"), *args],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **kw)
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish(p: subprocess.Popen, log_path, timeout: float) -> str:
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    return open(log_path).read()
+
+
+def _no_process_left(mark: str) -> None:
+    deadline = time.time() + 20  # Ray's own processes exit asynchronously after shutdown
+    while ray_processes(mark) and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray_processes(mark) == []
 
 
 @pytest.mark.slow
 def test_cli_run_leaves_no_process(tmp_path):
     """The CLI starts its own Ray instance and stops every process of it, with a kill -9'd
     worker and PS shard on the way."""
-    if ray.is_initialized() or ray_processes():
-        pytest.skip("another Ray instance runs on this host")
-    out = tmp_path / "run"
-    p = _train(["--algo", "async", "--backend", "ray", "--config", "smoke", "--steps", "60",
-                "--trainers", "2", "--workers-per-trainer", "1", "--ray.kill",
-                "worker:1@4,ps:0@6", "--ray.snapshot_every", "2", "--out", str(out)])
-    log, _ = p.communicate(timeout=300)
+    mark = f"cli-{os.getpid()}-{time.time()}"
+    out, log_path = tmp_path / "run", tmp_path / "log"
+    with open(log_path, "w") as log:
+        p = _train(["--algo", "async", "--backend", "ray", "--config", "smoke", "--steps", "60",
+                    "--trainers", "2", "--workers-per-trainer", "1", "--ray.kill",
+                    "worker:1@4,ps:0@6", "--ray.snapshot_every", "2", "--out", str(out)], mark,
+                   log)
+    log = _finish(p, log_path, 300)
     assert p.returncode == 0, log
     s = json.loads((out / "summary.json").read_text())
     assert s["ps_restarts"] == 1 and len(s["lost_roles"]) == 1
-    time.sleep(1)
-    assert ray_processes() == []
+    _no_process_left(mark)
 
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
     """SIGINT mid-run: exit 130, a checkpoint that threads resume, no Ray process left."""
-    if ray.is_initialized() or ray_processes():
-        pytest.skip("another Ray instance runs on this host")
-    out = tmp_path / "run"
-    p = _train(["--algo", "async", "--backend", "ray", "--config", "smoke", "--steps", "100000",
-                "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),
-                "--stragglers", "slow:k=2,factor=3"])
-    t0 = time.time()
-    for line in p.stdout:  # wait until training runs (the progress file appears)
-        if (out / "metrics.jsonl").exists() and time.time() - t0 > 5:
+    mark = f"sigint-{os.getpid()}-{time.time()}"
+    out, log_path = tmp_path / "run", tmp_path / "log"
+    with open(log_path, "w") as log:
+        p = _train(["--algo", "async", "--backend", "ray", "--config", "smoke", "--steps",
+                    "100000", "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),
+                    "--stragglers", "slow:k=2,factor=3"], mark, log)
+    deadline = time.time() + 240
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline and p.poll() is None:  # until the roles report progress
+        if metrics.exists() and '"progress"' in metrics.read_text():
             break
-    time.sleep(3)
+        time.sleep(0.5)
+    time.sleep(2)
     p.send_signal(signal.SIGINT)
-    log, _ = p.communicate(timeout=120)
+    log = _finish(p, log_path, 120)
     assert p.returncode == 130, log
     ckpts = [d for d in os.listdir(out / "checkpoints") if d.isdigit()]
     assert ckpts, log
-    time.sleep(1)
-    assert ray_processes() == []
+    _no_process_left(mark)
     step = max(map(int, ckpts))
-    r = _train(["--algo", "async", "--config", "smoke", "--steps", str(step + 20),
-                "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),
-                "--resume"])
-    log, _ = r.communicate(timeout=300)
+    with open(log_path, "w") as log:
+        r = _train(["--algo", "async", "--config", "smoke", "--steps", str(step + 20),
+                    "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),
+                    "--resume"], mark, log)
+    log = _finish(r, log_path, 300)
     assert r.returncode == 0, log
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20

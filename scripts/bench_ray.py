@@ -1,0 +1,154 @@
+"""Ray backend benchmark: the price of processes, the engine's scaling, one call's overhead.
+
+    python scripts/bench_ray.py [--repeats 5] [--quick] [--json FILE]
+
+Three measurements, in one process and on one local Ray instance (started once; its start and
+each run's actor start and compile are outside the timed part, which is the roles' run):
+
+1. ``processes``: async PS (Downpour) with 2 workers on DLRM-shaped batches (the dlrm_kaggle
+   model: MLPerf MLPs 13-512-256-64 / 512-256-1, 26 tables, D = 16; B = --batch-size),
+   threads vs Ray worker processes, interleaved per repeat; the median of the per-repeat
+   ratios Ray / threads (examples/sec).
+2. ``scaling``: the same async PS with 1, 2, 4 workers whose compute is mostly modelled time
+   (``--stragglers slow:k=W,factor=F``: every worker sleeps (F - 1) x its measured compute
+   after each step), on Ray; throughput at 4 workers / at 1 (4 if nothing serializes them).
+3. ``call``: one pull and one push of a B-row DLRM batch through a PS shard actor vs the
+   shard in this process (ms, median over 50 calls, and the bytes each moves).
+`bench_ray(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from recjax import configs  # noqa: E402
+from recjax.config import RayConfig  # noqa: E402
+from recjax.data.synthetic import PRESETS  # noqa: E402
+
+
+def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers: str = "none",
+                 model: str = "dlrm_kaggle", seed: int = 0):
+    """Async PS, `workers` workers, on synthetic data (enough for `steps` steps)."""
+    c = configs.CONFIGS[model]()
+    preset = "criteo" if model == "dlrm_kaggle" else "default"
+    return dataclasses.replace(
+        c, synthetic=dataclasses.replace(PRESETS[preset], n_train=(steps + 8) * batch,
+                                         n_eval=2048),
+        data=dataclasses.replace(c.data, shuffle_buffer=0, prefetch=4),
+        train=dataclasses.replace(c.train, algo="async", batch_size=batch, steps=steps,
+                                  seed=seed, progress=False, deterministic=False,
+                                  eval_batch_size=2048),
+        runtime=dataclasses.replace(c.runtime, trainers=workers, workers_per_trainer=1,
+                                    stragglers=stragglers, backend=backend),
+        ray=dataclasses.replace(c.ray, snapshot_every=1_000_000))
+
+
+def _eps(cfg) -> float:
+    from algorithms import async_ps
+
+    return async_ps.run(cfg)["segment_examples_per_sec"]
+
+
+def bench_processes(repeats: int, steps: int, batch: int) -> dict:
+    runs: dict[str, list[float]] = {"threads": [], "ray": []}
+    for r in range(repeats):
+        for backend in ("threads", "ray"):
+            runs[backend].append(_eps(bench_config(backend, 2, steps, batch, seed=r)))
+    ratios = [a / b for a, b in zip(runs["ray"], runs["threads"])]
+    return {"name": "ray/processes", "workers": 2, "batch_size": batch, "steps": steps,
+            "model": "dlrm_kaggle", "repeats": repeats,
+            "threads_examples_per_sec_median": statistics.median(runs["threads"]),
+            "ray_examples_per_sec_median": statistics.median(runs["ray"]),
+            "ratio_ray_to_threads_median": statistics.median(ratios),
+            "ratios_all": ratios, "threads_all": runs["threads"], "ray_all": runs["ray"]}
+
+
+def bench_scaling(repeats: int, steps: int, batch: int, factor: float) -> dict:
+    eps: dict[int, list[float]] = {1: [], 2: [], 4: []}
+    for r in range(repeats):
+        for w in eps:
+            cfg = bench_config("ray", w, steps, batch, f"slow:k={w},factor={factor}",
+                               model="default", seed=r)
+            eps[w].append(_eps(cfg))
+    ratios = [a / b for a, b in zip(eps[4], eps[1])]
+    return {"name": "ray/scaling", "model": "dlrm (default config)", "batch_size": batch,
+            "steps": steps, "straggler_factor": factor, "repeats": repeats,
+            "examples_per_sec_median": {str(w): statistics.median(v) for w, v in eps.items()},
+            "speedup_4_over_1_median": statistics.median(ratios),
+            "speedup_2_over_1_median": statistics.median(
+                [a / b for a, b in zip(eps[2], eps[1])]), "all": eps}
+
+
+def bench_call(batch: int, n: int = 50) -> dict:
+    """One pull and one push through a shard actor vs the same shard in this process."""
+    import jax
+
+    from algorithms.runtime.engine import Runtime
+
+    def med(f) -> float:
+        f()
+        xs = []
+        for _ in range(n):
+            t = time.perf_counter()
+            f()
+            xs.append((time.perf_counter() - t) * 1e3)
+        return statistics.median(xs)
+
+    out = {"name": "ray/call", "batch_size": batch, "model": "dlrm (default config)", "calls": n}
+    for backend in ("threads", "ray"):
+        cfg = bench_config(backend, 1, 8, batch, model="default")
+        cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, ps_shards=1))
+        rt = Runtime(cfg, 1)
+        try:
+            local, rows = rt.warm_batch
+            minis = rt.ps.pull(rows)
+            _, _, rg = rt.grads(rt.init_state.params, minis, local)
+            rg = jax.device_get(rg)
+            out[f"{backend}_pull_ms"] = med(lambda rt=rt, rows=rows: rt.ps.pull(rows))
+            out[f"{backend}_push_ms"] = med(lambda rt=rt, rows=rows, rg=rg: rt.ps.push(rows, rg))
+            out["pull_bytes"] = int(sum(v.nbytes for v in minis.values())
+                                    + sum(ids.nbytes for ids, _ in rows.values()))
+            out["push_bytes"] = int(sum(i.nbytes + g.nbytes for i, g in rg.values())
+                                    + sum(ids.nbytes for ids, _ in rows.values()))
+        finally:
+            rt.close()
+    return out
+
+
+def bench_ray(repeats: int = 5, quick: bool = False) -> list[dict]:
+    from algorithms.runtime import ray_backend
+
+    cluster = ray_backend.Cluster(RayConfig())  # one instance for every run below
+    try:
+        rows = [bench_call(512)]
+        rows.append(bench_processes(repeats, 30 if quick else 60, 1024))
+        rows.append(bench_scaling(repeats, 40 if quick else 80, 512, 10.0))
+        return rows
+    finally:
+        cluster.stop()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", help="also write the rows to this file")
+    a = p.parse_args(argv)
+    rows = bench_ray(a.repeats, a.quick)
+    for r in rows:
+        print(json.dumps({k: v for k, v in r.items() if not k.endswith("all")}))
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
