@@ -2,9 +2,9 @@
 PS shards, worker groups and the algorithms' servers as actor processes.
 
 Every test that starts Ray is marked slow (``make test-all``, CI) but the equality with
-`train_step`, which stays in ``make test``. Most tests share one local Ray instance (the module fixture; a run that finds Ray running
-kills only its own actors). The process tests start their own instance in a subprocess and
-check that nothing of it is left afterwards.
+`train_step`, which stays in ``make test``. Most tests share one local Ray instance (the
+module fixture; a run that finds Ray running kills only its own actors). The process tests
+start their own instance in a subprocess and check that nothing of it is left afterwards.
 """
 
 import dataclasses
