@@ -124,7 +124,8 @@ class Cluster:
                 ray.init(address=rc.address, runtime_env=env, logging_level=logging.WARNING)
             else:
                 path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-                ray.init(num_cpus=rc.num_cpus or None, include_dashboard=False,
+                # "local": a new instance even when `ray start` left one on this host
+                ray.init(address="local", num_cpus=rc.num_cpus or None, include_dashboard=False,
                          logging_level=logging.WARNING, _system_config=SYSTEM_CONFIG,
                          runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
             self.started = True
