@@ -301,3 +301,18 @@ def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
     log = _finish(r, log_path, 300)
     assert r.returncode == 0, log
     assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
+
+
+@pytest.mark.slow
+def test_ps_lost_for_good_stops_with_a_restorable_checkpoint(cluster, tmp_path):
+    """With no restart allowed, a killed PS shard stops the run with `PsFailed`, saying why,
+    and a checkpoint (that shard at its last snapshot) that threads resume to the end."""
+    out = str(tmp_path / "run")
+    base = small_cfg("async", steps=40, trainers=1, workers_per_trainer=1, train={"out": out})
+    with pytest.raises(ray_backend.PsFailed, match="max_ps_restarts=0"):
+        async_ps.run(on_ray(base, kill="ps:0@10", snapshot_every=4, max_ps_restarts=0))
+    ckpts = [int(d) for d in os.listdir(os.path.join(out, "checkpoints")) if d.isdigit()]
+    assert ckpts and 8 <= max(ckpts) < 40
+    cont = dataclasses.replace(base, train=dataclasses.replace(base.train, resume=True))
+    s = async_ps.run(on_threads(cont))
+    assert s["steps"] == 40 and np.isfinite(s["eval_ne"])

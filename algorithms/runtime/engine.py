@@ -417,14 +417,12 @@ class Runtime:
             group = ThreadGroup("recjax-rt")
             return run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
         except KeyboardInterrupt:
-            if self.ckpt is not None and snapshot is not None:
-                params, opt_state, step = snapshot()
-                totals = self._totals(workers)
-                contract.check_finite(totals, f"before step {step}", self.ckpt)
-                self.progress.add(totals)
-                contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step),
-                              self.progress, time.perf_counter() - self.t0, interrupted=True)
-                print(f"interrupted at step {step}; checkpoint in {self.cfg.train.out}")
+            self._save_stopped(snapshot, workers, "interrupted")
+            self.close()
+            raise
+        except OSError as e:  # a process of the run is gone for good (ray_backend.PsFailed)
+            if self.cluster is not None and type(e).__name__ == "PsFailed":
+                self._save_stopped(snapshot, workers, "stopped")
             self.close()
             raise
         except BaseException:
@@ -433,6 +431,18 @@ class Runtime:
         finally:
             supply.close()
             writer.close()
+
+    def _save_stopped(self, snapshot, workers, why: str) -> None:
+        """Checkpoint the roles' state after they stopped early (Ctrl-C, a lost PS)."""
+        if self.ckpt is None or snapshot is None:
+            return
+        params, opt_state, step = snapshot()
+        totals = self._totals(workers)
+        contract.check_finite(totals, f"before step {step}", self.ckpt)
+        self.progress.add(totals)
+        contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step), self.progress,
+                      time.perf_counter() - self.t0, interrupted=True)
+        print(f"{why} at step {step}; checkpoint in {self.cfg.train.out}")
 
     def finish(self, params: Any, opt_state: Any, sched: Schedule, workers: list[Worker],
                extra: dict, step: int | None = None) -> dict:

@@ -101,8 +101,9 @@ def sigkill(handle, pid: int) -> None:
         _ray().kill(handle, no_restart=True)
 
 
-class PsFailed(RuntimeError):
-    """A PS shard died more often than ``ray.max_ps_restarts``."""
+class PsFailed(OSError):
+    """A PS shard died more often than ``ray.max_ps_restarts`` (or where no restart is made):
+    the engine saves a checkpoint from the other shards and this one's last snapshot."""
 
 
 class Cluster:
@@ -413,6 +414,17 @@ class ShardProxy:
             print(f"recjax: embedding PS shard {self.index} died; restarted from its snapshot "
                   f"at push {at} ({self.pushes_lost} pushes lost so far)", flush=True)
 
+    def last_snapshot(self) -> tuple:
+        """The newest snapshot that survived (for a checkpoint after `PsFailed`)."""
+        ray = _ray()
+        for ref in (self._snap, self._prev):
+            if ref is not None:
+                try:
+                    return ray.get(ref)
+                except ray.exceptions.RayError:
+                    continue
+        raise PsFailed(f"embedding PS shard {self.index}: no snapshot survived")
+
     # the EmbeddingShard interface the algorithms use (Persia's recovery, GBA's warm-up)
     def pull(self, rows, admit: bool = True):
         return self.call("pull", rows, admit)
@@ -502,7 +514,10 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
         for sh in self.shards:
             if not sh.names:
                 continue
-            t, sl, _ = sh.snapshot()
+            try:
+                t, sl, _ = sh.snapshot()
+            except PsFailed:  # a shard that is gone for good: its last snapshot
+                t, sl, _ = sh.last_snapshot()
             if self.lru:
                 for k, v in t.items():
                     tables[k], slots[k] = ps_lib.lru_state(v)
