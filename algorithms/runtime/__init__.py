@@ -5,7 +5,8 @@
 * ``ps.py``: parameter servers that speak in values (embedding PS shards, sync PS, dense PS);
 * ``supply.py``: batch supplies (static per-worker shards, GBA's shared data list);
 * ``stragglers.py``: seeded slowdown models;
-* ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files).
+* ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files);
+* ``ray_backend.py``: ``--backend ray``, the shards, worker groups and servers as Ray actors.
 
 The algorithms (``async_ps.py``, ``shadowsync.py``, ``gba.py``) are modules beside this package.
 """

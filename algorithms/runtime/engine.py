@@ -11,6 +11,10 @@ supply, writes its roles as generators (``clock.py``) around the pure jitted pie
     sched = rt.execute(roles, supply, snapshot=...)   # threads, or the virtual clock
     return rt.finish(params, opt_state, sched, workers, counters, step=...)  # eval, files
 
+Under ``--backend ray`` (``ray_backend.py``) the embedding PS shards, the worker groups'
+compute and the servers given to `Runtime.host` are Ray actor processes; the roles are the
+same and still run here, in threads.
+
 Pieces: `Worker` (takes batches from the supply, a jitted gradient on the rows it pulled, its
 counters), `Replica` (a trainer's dense params, shared lock-free by its worker threads and its
 shadow thread), the parameter servers of ``ps.py`` (values in, values out), `clock.Link` (a PS
@@ -190,6 +194,7 @@ class Runtime:
         self.ckpt = self.cluster = None
         self.backend = "virtual" if tc.deterministic else rc.backend
         self.dense_on_actor = False  # ray: the dense gradients' consumer is an actor
+        self._stop_saving: tuple = (KeyboardInterrupt,)  # stops that leave a checkpoint
         try:
             self._setup(cfg, num_workers, batch_size)
         except BaseException:
@@ -202,6 +207,8 @@ class Runtime:
             from algorithms.runtime import ray_backend
 
             self.cluster = ray_backend.Cluster(cfg.ray)
+            self.groups = ray_backend.Groups(self)
+            self._stop_saving = (KeyboardInterrupt, ray_backend.PsFailed)
         self.num_workers = num_workers
         self.batch_size = batch_size or tc.batch_size
         self.data = open_data(cfg)
@@ -273,7 +280,6 @@ class Runtime:
         if self.cluster is not None:
             from algorithms.runtime import ray_backend
 
-            self.groups = ray_backend.Groups(self)
             return ray_backend.RayEmbeddingPS(self.cluster, self.cfg, self.model.layout, tables,
                                               slots, self.placement, rc.ps_shards, lru=lru)
         return ps_lib.EmbeddingPS(self.model.layout, tables, slots, self.sparse_opt,
@@ -416,16 +422,10 @@ class Runtime:
                 self.groups.warm_all(self.init_state.params, self.warm_batch)
             group = ThreadGroup("recjax-rt")
             return run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
-        except KeyboardInterrupt:
-            self._save_stopped(snapshot, workers, "interrupted")
-            self.close()
-            raise
-        except OSError as e:  # a process of the run is gone for good (ray_backend.PsFailed)
-            if self.cluster is not None and type(e).__name__ == "PsFailed":
-                self._save_stopped(snapshot, workers, "stopped")
-            self.close()
-            raise
-        except BaseException:
+        except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint
+            if isinstance(e, self._stop_saving):
+                self._save_stopped(snapshot, workers, "interrupted"
+                                   if isinstance(e, KeyboardInterrupt) else "stopped")
             self.close()
             raise
         finally:
