@@ -54,7 +54,7 @@ def run(cfg: Config) -> dict:
     s0 = rt.init_state
     rt.dense_on_actor = True  # under Ray the dense PS is an actor: gradients go to it directly
     server = rt.host(DensePS(s0.params, s0.opt_state, rt.dense_apply), dense_ps,
-                     cfg, s0.params, s0.opt_state, by_ref={"pull": (2, 0)})
+                     cfg, s0.params, s0.opt_state, by_ref={"pull": 2})
     supply = rt.static_shards()
     workers = [rt.worker(w, supply) for w in range(rt.num_workers)]
     roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]

@@ -435,7 +435,7 @@ def run(cfg: Config) -> dict:
                          s0.opt_state, server_context(rt), warm,
                          local={"rt": rt, "p": p, "signal": Signal("gba-ps")},
                          mutating=("push", "leave", "lose", "restore", "flush"),
-                         by_ref={"pull": (2, 0)})
+                         by_ref={"pull": 2})
     supply = rt.shared_list(p.m)
     workers = [rt.worker(w, supply) for w in range(p.workers)]
     roles = [RoleSpec(f"gba-worker{w.wid}", worker_role(server, w)) for w in workers]

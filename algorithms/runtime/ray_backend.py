@@ -224,9 +224,9 @@ class Hosted:
     Methods of `cls` become blocking remote calls; other attributes are remote reads, except
     the ones in `local`. After a call of a method in `mutating`, `local["signal"]` (if any) is
     notified, as the threaded server notifies its own signal after a write. A method in
-    `by_ref` (``name -> (results, index)``) returns its result tuple with element ``index``
-    left as an object reference (e.g. the dense params a worker pulls go from the PS actor to
-    the worker's actor without passing through the driver).
+    `by_ref` (``name -> results``) is not waited for: it returns its result tuple as object
+    references (e.g. the dense params and version a worker pulls go from the PS actor to the
+    worker's actor and back to the PS without passing through the driver).
     """
 
     def __init__(self, handle, cls: type, local: dict | None = None, mutating=(),
@@ -245,9 +245,8 @@ class Hosted:
             args = tuple(host_value(a) if not isinstance(a, ShardGrads) and not
                          dataclasses.is_dataclass(a) else a for a in args)
             if name in self._by_ref:
-                n, keep = self._by_ref[name]
-                refs = self._handle.call.options(num_returns=n).remote(name, *args)
-                out = tuple(r if i == keep else ray.get(r) for i, r in enumerate(refs))
+                out = tuple(self._handle.call.options(num_returns=self._by_ref[name]).remote(
+                    name, *args))
             else:
                 out = ray.get(self._handle.call.remote(name, *args))
             if name in self._mutating and "signal" in self._local:
