@@ -12,8 +12,9 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
 2. Every model at two batch sizes (recjax, pre-staged batches).
    With torch installed, the PyTorch eager and torch.compile peers of PERF_NOTES are
    measured in the same run (scripts/bench_torch.py).
-3. If present, the SPMD (scripts/bench_spmd.py) and host-async runtime (scripts/bench_runtime.py)
-   benchmarks.
+3. If present, the SPMD (scripts/bench_spmd.py), host-async runtime (scripts/bench_runtime.py),
+   GBA, LRU, Persia and Ray backend (scripts/bench_ray.py: Ray vs threads, scaling, one call's
+   overhead) benchmarks.
 4. `lru_store`: the dynamic-id embedding store (recjax/embeddings/dynamic.py) against a fixed
    numpy table, raw ids per second; for single-core wall rates run it alone under
    `taskset -c 0 python scripts/bench.py --sections lru_store`.
@@ -294,7 +295,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer steps, one batch size")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
-    p.add_argument("--sections", default="headline,models,spmd,runtime,gba,lru_store,lru,persia")
+    p.add_argument("--sections",
+                   default="headline,models,spmd,runtime,gba,lru_store,lru,persia,ray")
     p.add_argument("--no-peers", action="store_true",
                    help="skip the PyTorch peers (measured only when torch is installed)")
     p.add_argument("--out", default="bench_results/bench.json")
@@ -317,7 +319,7 @@ def main(argv=None) -> int:
     if "models" in sections:
         print("every model, recjax, staged batches:")
         rows += per_model(args.repeats, steps, (4096,) if args.quick else (1024, 4096), MODEL_NAMES)
-    for section in ("spmd", "runtime", "gba", "lru", "persia"):
+    for section in ("spmd", "runtime", "gba", "lru", "persia", "ray"):
         if section in sections and (pathlib.Path(__file__).parent / f"bench_{section}.py").exists():
             mod = __import__(f"scripts.bench_{section}", fromlist=["x"])
             print(f"{section}:")
