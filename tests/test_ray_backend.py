@@ -1,8 +1,8 @@
 """The Ray backend (``--backend ray``, algorithms/runtime/ray_backend.py): the same roles with
 PS shards, worker groups and the algorithms' servers as actor processes.
 
-Every test that starts Ray is marked slow (``make test-all``, CI) but the equality with
-`train_step`, which stays in ``make test``. Most tests share one local Ray instance (the
+Every test that starts Ray is marked slow (``make test-all``, CI: 64 s for the first one
+under load, Ray's start and the actors' JAX imports). Most tests share one local Ray instance (the
 module fixture; a run that finds Ray running kills only its own actors). The process tests
 start their own instance in a subprocess and check that nothing of it is left afterwards.
 """
@@ -88,6 +88,7 @@ def test_backend_is_checked():
         dataclasses.replace(cfg.runtime, backend="mpi")
 
 
+@pytest.mark.slow
 def test_one_worker_equals_train_step(cluster):
     """Async PS with one worker process: every pull sees the previous push (pushes are
     synchronous), so it is single-process training, as on threads."""
