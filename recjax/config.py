@@ -349,8 +349,8 @@ class RayConfig:
         on the hosts started with ``--resources '{"NAME": k}'``); "" = anywhere.
       worker_resource: the same for the worker-group actors.
       kill: fault injection, comma-separated: ``worker:W@I`` sends SIGKILL to worker W's
-        process when W begins its I-th iteration; ``ps:S@I`` to PS shard S's process before
-        the run's I-th push reaches it.
+        process when W begins its I-th iteration; ``ps:S@I`` to PS shard S's process as its
+        I-th push is sent.
       max_ps_restarts: PS restarts before the run stops with a checkpoint and says why.
     """
 

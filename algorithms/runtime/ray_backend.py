@@ -328,7 +328,7 @@ class ShardProxy:
                  rc: RayConfig, kill_at: int = 0):
         self.index, self.names, self.tables = index, names, names
         self._cluster, self._args, self._rc, self._kill_at = cluster, args, rc, kill_at
-        self.restarts = self.pushes_lost = self.pushes = 0
+        self.restarts = self.pushes_lost = self.pushes = self._submitted = 0
         self._lock = threading.Lock()
         self._gen = 0
         self._snap = self._prev = None
@@ -352,9 +352,13 @@ class ShardProxy:
         self.pid = _ray().get(self.handle.pid.remote())
 
     def submit(self, method: str, *args) -> tuple[int, Any]:
-        if method == "push" and self._kill_at and self.pushes + 1 == self._kill_at:
-            self._kill_at = 0
-            sigkill(self.handle, self.pid)
+        if method == "push" and self._kill_at:
+            with self._lock:  # pushes of several workers are submitted concurrently
+                self._submitted += 1
+                kill = self._submitted == self._kill_at
+            if kill:
+                self._kill_at = 0
+                sigkill(self.handle, self.pid)
         return self._gen, getattr(self.handle, method).remote(*args)
 
     def result(self, sent: tuple[int, Any], method: str, *args) -> Any:
