@@ -392,7 +392,10 @@ def _tree_scale(a, c: float):
 
 
 def worker_role(server: GbaServer, worker: Worker):
-    """Alg. 1's computation thread: take, pull, compute, push (non-blocking), repeat."""
+    """Alg. 1's computation thread: take, pull, compute, push (non-blocking), repeat.
+
+    A worker whose process died (``--backend ray``: `WorkerLost`) tells the PS, whose gates
+    stop waiting for it (`GbaServer.lose`), and ends; its entry's token never returns."""
     rt, p, wid = server.rt, server.p, worker.wid
     dense_bytes = rt.dense_bytes
     it = 0
