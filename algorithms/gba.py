@@ -230,7 +230,7 @@ class GbaServer:
             self.lost.append(wid)
             if self.p.mode in ("sync", "hop_bs", "hop_bw") and self.aggregate > 1:
                 self.aggregate -= 1
-                if len(self.buffer) >= self.aggregate and self.p.mode != "hop_bw":
+                if self.buffer and self._ready():  # the others may all be waiting for it
                     self._apply(self.buffer)
                     self.buffer = []
         self.signal.notify()
@@ -239,20 +239,21 @@ class GbaServer:
         """Buffer `g`; apply an update when the mode's rule says so (Alg. 2, push threads)."""
         with self._lock:
             self.pushed[g.wid] += 1
-            mode, n_agg = self.p.mode, self.aggregate
-            if mode == "hop_bw" and g.version < self.version:  # its round closed: a backup
+            if self.p.mode == "hop_bw" and g.version < self.version:  # its round closed: a backup
                 self.stats.dropped += 1
                 self.accounted += 1
             else:
                 self.buffer.append(g)
-                if mode == "hop_bw":
-                    ready = sum(x.version == self.version for x in self.buffer) >= n_agg
-                else:
-                    ready = len(self.buffer) >= n_agg
-                if ready:
+                if self._ready():
                     self._apply(self.buffer)
                     self.buffer = []
         self.signal.notify()
+
+    def _ready(self) -> bool:
+        """Whether the buffer makes an update (hop_bw: of gradients at the current k)."""
+        if self.p.mode == "hop_bw":
+            return sum(x.version == self.version for x in self.buffer) >= self.aggregate
+        return len(self.buffer) >= self.aggregate
 
     def snapshot(self) -> tuple[Any, Any, int]:
         """``(dense params, optimizer state, k)``: the tables are the embedding PS's own."""

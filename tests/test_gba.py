@@ -259,3 +259,32 @@ def test_rows_dropped_by_their_last_update_leave_the_tables_alone():
     assert server.stats.dropped_rows == 2 * sum(n for _, n in rows.values())
     np.testing.assert_equal(rt.ps.snapshot()[0], before)
     rt.close()
+
+
+@pytest.mark.parametrize("mode,after", [("sync", 3), ("hop_bw", 3), ("hop_bs", 3), ("gba", 4),
+                                        ("bsp", 4)])
+def test_a_lost_worker_lowers_the_aggregate_of_the_modes_that_wait_for_all(mode, after):
+    """`GbaServer.lose` (a worker's process died under --backend ray): sync, hop_bw and hop_bs
+    wait for all N workers, so they aggregate N - 1 from then on and a buffer already holding
+    N - 1 gradients is applied at once; gba (M entries) and bsp (b2) do not depend on N."""
+    from algorithms.runtime import Runtime
+
+    cfg = cfg_gba(mode, steps=2, workers=4, local=16, b2=4, b3=0)
+    p = gba.plan(cfg)
+    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
+    try:
+        server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
+        local, rows = rt.warm_batch
+        _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+        for w in range(3):
+            _, version = server.pull(w)
+            server.push(gba.Grad(w, w, 0, version, g, rows, sums))
+        assert server.stats.updates == 0
+        # sync and hop_bw: the three who pushed wait for k = 1, which needs worker 3's gradient
+        assert server.may_start(0) == (mode not in ("sync", "hop_bw"))
+        server.lose(3)
+        assert server.aggregate == after and server.lost == [3] and 3 not in server.active
+        assert server.stats.updates == (1 if after == 3 else 0)
+        assert server.may_start(0)  # nobody waits for the lost worker
+    finally:
+        rt.close()
