@@ -1,0 +1,111 @@
+"""sharding/routing.py: the cases mutation testing found unpinned (docs/testing.md).
+
+* `routable` says no whenever one of its conditions fails (only its yes was tested).
+* `update`, called directly on 8 fake CPU devices, equals SGD on the single-device tables
+  written out in numpy (every entry's ``-lr * w * g`` added to its row), exactly: rank-coded
+  tables and gradients in multiples of 1/8 keep every sum exact in float32. On the 2-D mesh
+  with a data axis of 2 (test_sync's meshes have 4), a row block's replicas over data must
+  gather the other data group's gradients.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from recjax.embeddings import SparseOptimConfig, make_layout, make_sparse_optimizer
+from recjax.features import FeatureSpec, FieldSpec
+from sharding import embedding, routing
+from sharding.mesh import make_mesh
+
+D, B, LR = 2, 16, 0.5
+# "ac" (64 rows) is shared by fields a and c; b has 21 rows; t is table-wise. Every store is a
+# row store ("rows"): routed.
+SPEC = FeatureSpec((), (FieldSpec("a", 64, max_len=2, table="ac"), FieldSpec("b", 21, max_len=2),
+                        FieldSpec("c", 64, max_len=2, table="ac"), FieldSpec("t", 13, max_len=2)))
+KINDS = {"emb/ac": "row_wise", "emb/b": "row_wise", "emb/t": "table_wise"}
+
+
+def _plan(axis, m, n_batch, kinds=KINDS, spec=SPEC):
+    return embedding.make_plan(make_layout(spec, {"emb": D}), kinds, axis, m, "data", n_batch, "sgd")
+
+
+def test_routable_truth_table():
+    """Routing needs a positive capacity factor, more than one table shard, a row store, and
+    the table axis being the batch axis or splitting the data shard's rows evenly. Kills
+    ``and -> or``, ``> -> >=`` and ``== "rows" -> != "rows"`` in `routable` (routing.py:65-66)."""
+    one_d, two_d = _plan("data", 8, 8), _plan("model", 4, 2)
+    assert routing.routable(one_d, 1.0, 2) and routing.routable(two_d, 1.0, 8)
+    assert not routing.routable(one_d, 0.0, 2)  # factor 0: route nothing
+    assert not routing.routable(one_d, -1.0, 2)
+    assert not routing.routable(_plan("data", 1, 1), 1.0, 16)  # one shard holds every row
+    assert not routing.routable(_plan("model", 1, 8), 1.0, 2)
+    replicated = {"emb/ac": "data_parallel", "emb/b": "column_wise", "emb/t": "data_parallel"}
+    assert not routing.routable(_plan("data", 2, 2, replicated), 1.0, 8)  # no row store
+    assert not routing.routable(two_d, 1.0, 6)  # 6 rows do not split over 4 model shards
+    mixed = dict(replicated, **{"emb/t": "table_wise"})  # one row store among others: routes it
+    assert routing.routable(_plan("data", 2, 2, mixed), 1.0, 8)
+
+
+MESHES = {"1-D data=8": ({"data": 8}, "data", 8, 8), "2-D data=2,model=4": ({"data": 2, "model": 4},
+                                                                             "model", 4, 2)}
+
+
+@functools.cache
+def _routed_update(mesh_name: str):
+    sizes, axis, m, n_batch = MESHES[mesh_name]
+    plan, mesh = _plan(axis, m, n_batch), make_mesh(sizes)
+    opt = make_sparse_optimizer(SparseOptimConfig("sgd", lr=LR))
+    rows = [s for s in plan.stores if s.kind == "rows"]
+    b = B // n_batch  # a data shard's examples
+    split = embedding.split_rows(plan, b)
+    mine = (lambda x: embedding.my_rows(plan, x)) if split else (lambda x: x)
+    specs = {s.key: P(axis) for s in rows}
+
+    def body(stores, ids, mask, g):
+        w = embedding.pool_weights(plan, ids, mask)
+        out, over = {}, []
+        for s in rows:
+            r = routing.make_route(plan, s, mine(ids), mine(w), 8.0)  # C = every entry
+            out[s.key], _ = routing.update(plan, opt, s, stores[s.key], (), r, g, jnp.int32(0))
+            over.append(r.over)
+        return out, jnp.any(jnp.stack(over))
+
+    g_spec = P(("data", axis)) if split else P("data")  # each device's own rows
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P("data"), P("data"), g_spec),
+                              out_specs=(specs, P())))
+    return plan, mesh, specs, f
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_routed_update_equals_sgd_on_the_reference_tables(mesh_name):
+    """Kills ``n_batch > 1 -> n_batch > 2`` in `update` (routing.py:129): with 2 data groups the
+    replicas of a row block would each miss the other group's gradients."""
+    plan, mesh, specs, f = _routed_update(mesh_name)
+    layout = make_layout(SPEC, {"emb": D})
+    tables = {t.name: (1000.0 * (i + 1) + np.arange(t.num_embeddings)[:, None]
+                       + np.arange(D)[None, :] / 8.0).astype(np.float32)
+              for i, t in enumerate(layout.tables)}
+    stores = embedding.to_stores(plan, tables)
+    placed = {k: jax.device_put(v, NamedSharding(mesh, specs[k])) for k, v in stores.items()}
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        ids = np.stack([rng.integers(0, fs.vocab_size, (B, 2)) for fs in SPEC.fields], 1)
+        ids[:4, 0, :] = [[7, 8], [8, 8], [15, 16], [63, 0]]  # shard boundaries of "ac" (span 8)
+        mask = (rng.random(ids.shape) < 0.8).astype(np.float32)
+        g = (rng.integers(-3, 4, (B, SPEC.n_fields, D)) / 4).astype(np.float32)
+        new, over = f(placed, ids.astype(np.int32), mask, g)
+        assert not bool(over)
+        want = {k: v.copy() for k, v in tables.items()}
+        for t in layout.tables:  # SGD on the dense gradient: every entry adds -lr * w * g
+            for fi in t.field_index:
+                for bi in range(B):
+                    for li in range(2):
+                        want[t.name][ids[bi, fi, li]] -= LR * mask[bi, fi, li] * g[bi, fi]
+        got = embedding.from_stores(plan, new)
+        for name in tables:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} on {mesh_name}")
