@@ -18,16 +18,14 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from recjax.embeddings import SparseOptimConfig, make_layout, make_sparse_optimizer
-from recjax.features import FeatureSpec, FieldSpec
 from sharding import embedding, routing
 from sharding.mesh import make_mesh
+from tests import test_routing_props as props
 
-D, B, LR = 2, 16, 0.5
-# "ac" (64 rows) is shared by fields a and c; b has 21 rows; t is table-wise. Every store is a
-# row store ("rows"): routed.
-SPEC = FeatureSpec((), (FieldSpec("a", 64, max_len=2, table="ac"), FieldSpec("b", 21, max_len=2),
-                        FieldSpec("c", 64, max_len=2, table="ac"), FieldSpec("t", 13, max_len=2)))
-KINDS = {"emb/ac": "row_wise", "emb/b": "row_wise", "emb/t": "table_wise"}
+D, B, LR = 2, 16, 0.5  # as in test_routing_props (B = 8 devices x 2)
+# the props test's fields: "ac" (64 rows, span 8) shared by a and c, b (21 rows), t table-wise;
+# every store is a row store ("rows"), so every one routes
+SPEC, KINDS = props.SPEC, props.KINDS
 
 
 def _plan(axis, m, n_batch, kinds=KINDS, spec=SPEC):
@@ -109,3 +107,22 @@ def test_routed_update_equals_sgd_on_the_reference_tables(mesh_name):
         got = embedding.from_stores(plan, new)
         for name in tables:
             np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name} on {mesh_name}")
+
+
+def test_the_last_owner_counts_its_slots_from_its_own_start():
+    """Each device asks shard 6 of table "ac" for 4 rows and shard 7 (the last) for 4 others:
+    neither exceeds C = ceil(3.0 * 12 / 8) = 5, so the lookup routes, no flag, and must be
+    exact. Kills ``start[min(owner, m_ - 1)] -> start[min(owner, m_ - 2)]`` (routing.py:94):
+    the last owner's positions would count from shard 6's start (4, 5, 6, 7) and the rows past
+    C would read zeros, unflagged. The props test's random batches never filled both."""
+    _, plan, _, tables, placed, _ = props._setup()  # the props test's tables (same SPEC)
+    ids = np.zeros((B, SPEC.n_fields, 2), np.int32)
+    ids[:, 0] = np.array([48, 49, 50, 51]).reshape(2, 2)[np.arange(B) % 2]  # a: shard 6
+    ids[:, 2] = np.array([56, 57, 58, 59]).reshape(2, 2)[np.arange(B) % 2]  # c: shard 7
+    ids[:, 3] = np.arange(B)[:, None] % 13  # t: table-wise
+    mask = np.ones(ids.shape, np.float32)
+    acts, flags = props._routed_lookup(3.0)(placed, ids, mask)
+    for s in (s for s in plan.stores if s.kind == "rows"):
+        assert not props._over(s, ids, mask, 3.0) and not bool(flags[s.key])
+        np.testing.assert_array_equal(np.asarray(acts[s.key]), props._want(tables, s, ids, mask),
+                                      err_msg=s.key)
