@@ -126,3 +126,21 @@ def test_the_last_owner_counts_its_slots_from_its_own_start():
         assert not props._over(s, ids, mask, 3.0) and not bool(flags[s.key])
         np.testing.assert_array_equal(np.asarray(acts[s.key]), props._want(tables, s, ids, mask),
                                       err_msg=s.key)
+
+
+def test_host_over_checks_row_stores_after_other_stores():
+    """`host_over` skips replicated stores and goes on to the row stores after them
+    (kills ``continue -> break``, routing.py:142). Here the only row store, table-wise "t",
+    comes last; each device's 2 examples x 2 ids are E = 4 entries, C = max(1, ceil(0.05 x 4 /
+    8)) = 1 row per (source, owner): two distinct t ids on a device exceed it, one does not."""
+    mixed = {"emb/ac": "data_parallel", "emb/b": "data_parallel", "emb/t": "table_wise"}
+    plan = _plan("data", 8, 8, mixed)
+    assert [s.kind for s in plan.stores] == ["replicated", "replicated", "rows"]
+    ids = np.zeros((B, SPEC.n_fields, 2), np.int32)
+    ids[:, 3] = 5
+    assert not routing.host_over(plan, ids, None, 0.05, 8)
+    ids[1, 3, 1] = 6  # device 0 (examples 0 and 1) now asks t's shard for rows 5 and 6
+    assert routing.host_over(plan, ids, None, 0.05, 8)
+    mask = np.ones(ids.shape, np.float32)
+    mask[1, 3, 1] = 0.0  # ...unless the entry is padding
+    assert not routing.host_over(plan, ids, mask, 0.05, 8)
