@@ -17,6 +17,7 @@ import typing
 from recjax.data.synthetic import SyntheticConfig
 from recjax.embeddings.sparse_optim import SparseOptimConfig
 from recjax.models.config import ModelConfig
+from recjax.train.features import check_early_stop, check_schedule, parse_dims
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,13 @@ class EmbedConfig:
         gradient is dropped and counted.
       init_by_id: draw each row from (train.seed, table, id) as the lru store does, instead of
         one generator per table; lets a fixed-table run start where an lru run starts.
+      dims: per-table embedding dims, a rule table ``"regex:dim;regex:dim"`` over the tables'
+        names (a field's ``table``, e.g. ``C1``), first match wins, unmatched tables keep
+        ``model.embed_dim``; e.g. ``"C1|C2:32;C1[0-9]:4"``. Every dim must be <= model.embed_dim:
+        a narrower table's activations are zero-padded to it, which the deep towers of
+        wide_deep and dcn read as the concatenation of the fields' own widths (FuxiCTR's
+        per-feature ``embedding_dim``). Refused for dlrm, fm, deepfm (their pairwise dot
+        products need one width) and lr (no embeddings); --algo single only. "" = off.
     """
 
     pooling: str = "sum"
@@ -96,6 +104,7 @@ class EmbedConfig:
     capacity: int = 1 << 20
     admit_probability: float = 1.0
     init_by_id: bool = False
+    dims: str = ""
 
     def __post_init__(self):
         if self.pooling not in ("sum", "mean"):
@@ -107,6 +116,7 @@ class EmbedConfig:
         if not 0.0 < self.admit_probability <= 1.0:
             raise ValueError(f"embed.admit_probability must be in (0, 1], got "
                              f"{self.admit_probability}")
+        parse_dims(self.dims)
         if self.init != "dlrm":
             try:
                 float(self.init)
@@ -126,6 +136,18 @@ class DenseOptimConfig:
       eps: Adam/Adagrad epsilon.
       weight_decay: AdamW decoupled weight decay.
       clip_norm: global-norm gradient clipping (0 = off).
+      lr_schedule: learning-rate schedule of the dense optimizer (recjax/train/schedules.py;
+        optax schedules): constant | cosine (to ``end_lr_ratio * lr`` at ``decay_steps``) |
+        linear (likewise) | step (``lr * decay_rate ** floor(t / decay_steps)``) | exponential
+        (``lr * decay_rate ** (t / decay_steps)``); t counts steps after the warm-up. The
+        embedding tables keep ``sparse.lr``.
+      warmup_steps: linear warm-up from 0 to ``lr`` over this many steps before the schedule
+        (0 = none; with ``constant`` a warm-up then a constant lr).
+      decay_steps: cosine/linear: steps of the decay after the warm-up (then ``end_lr_ratio *
+        lr`` on); step/exponential: steps per factor ``decay_rate``. Required (> 0) for every
+        schedule but constant.
+      end_lr_ratio: cosine/linear: the final lr as a fraction of ``lr``.
+      decay_rate: step/exponential: the factor per ``decay_steps``, in (0, 1].
     """
 
     name: str = "adam"
@@ -135,6 +157,11 @@ class DenseOptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     clip_norm: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    end_lr_ratio: float = 0.0
+    decay_rate: float = 0.5
 
     def __post_init__(self):
         if self.name not in ("sgd", "momentum", "adam", "adamw", "adagrad"):
@@ -142,6 +169,7 @@ class DenseOptimConfig:
                              "choose sgd, momentum, adam, adamw or adagrad")
         if self.lr <= 0:
             raise ValueError(f"dense.lr must be > 0, got {self.lr}")
+        check_schedule(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -471,6 +499,14 @@ class TrainConfig:
       devices: devices to use (0 = 1 for the single trainer).
       progress: show a progress bar.
       stop_after: stop (as if interrupted) after this many steps, keeping the checkpoint (tests).
+      monitor: the eval metric of early stopping and of the best checkpoint: eval_auc (higher
+        is better) | eval_ne | eval_logloss (lower is better); FuxiCTR's ``monitor``.
+      early_stop_patience: stop after this many evals (every ``eval_every`` steps) in a row
+        without a better ``monitor`` than the best so far (FuxiCTR's ``early_stop_patience``);
+        0 = never stop early. Needs eval_every > 0; --algo single, sync or des.
+      keep_best: keep the checkpoint of the best eval so far in out/best/ and report
+        best_step / best_metric in summary.json (always on with early stopping). Needs
+        eval_every > 0.
     """
 
     algo: str = "single"
@@ -492,6 +528,9 @@ class TrainConfig:
     devices: int = 0
     progress: bool = True
     stop_after: int = 0
+    monitor: str = "eval_auc"
+    early_stop_patience: int = 0
+    keep_best: bool = False
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -520,6 +559,7 @@ class TrainConfig:
             raise ValueError("--resume needs --out DIR (the run directory holding checkpoints/)")
         if self.save_predictions and not self.out:
             raise ValueError("--save-predictions needs --out DIR to write predictions.csv into")
+        check_early_stop(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,9 @@ from recjax.data.pipeline import batches
 from recjax.runlog import MetricsWriter
 from recjax.train import contract
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
+from recjax.train.early_stop import EarlyStopper
 from recjax.train.setup import build
-from recjax.train.step import StepMetrics, TrainState, jit_predict, jit_train_step
+from recjax.train.step import StepMetrics, TrainState, eval_params, jit_predict, jit_train_step
 
 
 class Strategy(Protocol):
@@ -145,6 +146,13 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
+    stopper = EarlyStopper.from_config(cfg, checkpoints)  # None unless early stop / keep_best
+
+    def save_best(best_ckpt) -> None:
+        nonlocal paused
+        t = time.perf_counter()
+        contract.save(best_ckpt, cfg, strategy.unshard(state), progress, t - t0)
+        paused += time.perf_counter() - t
     prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
                           depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
@@ -175,10 +183,15 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                 window, t_log, log_from = [], time.perf_counter(), step
             if tc.eval_every and step % tc.eval_every == 0 and step < stop_at:
                 t = time.perf_counter()
-                ev, _ = contract.evaluate(cfg, data, predict, state.params, state.tables)
+                ev, _ = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
                 writer.write({"kind": "eval", "step": step, **ev})
                 paused += time.perf_counter() - t
+                if stopper is not None and stopper.update(step, ev):
+                    stopper.save_best(save_best)
                 t_log = time.perf_counter()
+                if stopper is not None and stopper.should_stop:
+                    stopper.stopped_at = step
+                    break
             if ckpt and step < stop_at and ((tc.ckpt_every and step % tc.ckpt_every == 0)
                                             or step % steps_per_epoch == 0):
                 save(step)
@@ -197,9 +210,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             print(f"could not checkpoint step {step} ({e}); the previous checkpoint is intact")
     elif window:
         progress.add(contract.sum_metrics(window, step, ckpt))
-    if interrupted or step < total_steps:
+    early = stopper is not None and stopper.stopped_at is not None
+    if interrupted or (step < total_steps and not early):
         if ckpt:
             ckpt.close()
+        if stopper is not None:
+            stopper.close()
         writer.close()
         # without checkpoints (no --out, or a multi-process run) there is nothing to resume
         print(f"stopped at step {step}/{total_steps}"
@@ -208,8 +224,10 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             raise KeyboardInterrupt
         return {"stopped_at": step, "steps": step}
 
-    ev, preds = contract.evaluate(cfg, data, predict, state.params, state.tables)
+    ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
     writer.write({"kind": "eval", "step": step, **ev})
+    if stopper is not None and not early and stopper.update(step, ev):
+        stopper.save_best(save_best)
     final = strategy.unshard(state)
     summary = contract.build_summary(
         cfg, data, final, progress, ev, start_step=start_step,
@@ -217,10 +235,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         train_seconds=train_seconds_before + seg_seconds,
         timed_steps=timed_before + (step - first_step if t_first else 0),
         last_loss=float(jax.device_get(m.loss)) if step > start_step else None,
-        extra=strategy.summary())
+        extra=strategy.summary() | (stopper.summary() if stopper is not None else {}))
     contract.write_summary(cfg, summary, preds)
     if ckpt:
         ckpt.close()
+    if stopper is not None:
+        stopper.close()
     writer.close()
     return summary | {"final_state": state}
 
