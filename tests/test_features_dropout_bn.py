@@ -143,7 +143,10 @@ def test_sync_batch_norm_is_per_shard_and_averaged():
     from tests.test_sharding_helpers import tiny_cfg
 
     cfg = tiny_cfg("deepfm", mesh="data=2,model=1", sparse="sgd", batch=16)
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, batch_norm=True),
+    # dropout too: it follows bn_0's ReLU, so bn_0's statistics do not see it, but the step
+    # takes the per-shard key path
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, batch_norm=True,
+                                                             dropout=0.5),
                               train=dataclasses.replace(cfg.train, algo="sync"))
     model, tx, sopt, state = build(cfg, SPEC)
     setup = SyncSetup.from_config(cfg, 2, SPEC)
@@ -184,3 +187,22 @@ def test_refusals_lr_fm_and_microbatches():
     model, tx, sopt, state = build(cfg, SPEC)
     with pytest.raises(ValueError, match="needs the whole batch in one pass"):
         jit_train_step(model, tx, sopt)(state, _batch(16))
+
+
+def test_dropout_with_microbatches_draws_a_mask_per_slice():
+    """Dropout alone may be sliced: slice i's masks come from fold_in(key, i), so the two
+    halves of a batch of twice the same rows drop different units."""
+    cfg = _cfg(dropout=0.5)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, microbatches=2))
+    model, tx, sopt, state = build(cfg, SPEC)
+    half = _batch(8)
+    batch = jax.tree.map(lambda x: np.concatenate([x, x]), half)
+    from recjax.embeddings import lookup
+    from recjax.train.step import loss_and_grads_train
+
+    acts = lookup(model.layout, state.tables, batch.ids, batch.mask)
+    (loss, logits), _, _ = jax.jit(lambda s, a, b: loss_and_grads_train(
+        model, s.params, s.batch_stats, a, b, step_rng(0, jnp.int32(0))))(state, acts, batch)
+    logits = np.asarray(logits)
+    assert logits.shape == (16,) and np.isfinite(float(loss))
+    assert not np.array_equal(logits[:8], logits[8:])

@@ -79,7 +79,7 @@ def test_run_stops_at_the_right_eval_and_keeps_the_best_checkpoint(tmp_path, mon
     summary = run(cfg)
     assert summary["steps"] == 12 and summary["early_stopped"] is True
     assert (summary["best_step"], summary["best_metric"]) == (8, 0.71)
-    on_disk = json.load(open(tmp_path / "run" / "summary.json"))
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (on_disk["best_step"], on_disk["monitor"]) == (8, "eval_auc")
     best = Checkpointer(os.path.join(cfg.train.out, "best"))
     assert best.all_steps() == [8]  # one kept: the best
@@ -89,7 +89,8 @@ def test_run_stops_at_the_right_eval_and_keeps_the_best_checkpoint(tmp_path, mon
     assert int(state.step) == 8 and meta["config"]["train"]["early_stop_patience"] == 2
     assert not all(np.array_equal(np.asarray(a), np.asarray(b))
                    for a, b in zip(jax.tree.leaves(state.tables), jax.tree.leaves(like.tables)))
-    evals = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl") if '"eval"' in x]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    evals = [json.loads(x) for x in lines if '"eval"' in x]
     assert [e["step"] for e in evals] == [2, 4, 6, 8, 10, 12, 12]  # the last: the final eval
 
 

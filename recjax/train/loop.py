@@ -153,6 +153,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         t = time.perf_counter()
         contract.save(best_ckpt, cfg, strategy.unshard(state), progress, t - t0)
         paused += time.perf_counter() - t
+
     prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
                           depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
