@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from recjax import configs
+from recjax import config_files, configs
 from recjax.config import Config, ConfigError, apply_overrides, help_text
 from recjax.data.synthetic import preset, synthetic_name
 
@@ -31,7 +31,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         description=description, allow_abbrev=False,
         epilog="Any config field can be set with --section.field=value "
                "(see --help-config for all of them with their current values).")
-    p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
+    p.add_argument("--config", default="default",
+                   help=f"named config ({', '.join(configs.CONFIGS)}) or a config file: .py "
+                        "(config() or CONFIG), .json/.yaml (nested sections), or a run's "
+                        "summary.json (reruns it; pass a new --out)")
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
     p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr | "
                                    "gba | persia")
@@ -83,7 +86,7 @@ def _overrides(rest: list[str]) -> list[tuple[str, str]]:
 
 def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
     """Named config, then the fixed flags, then --section.field overrides (last wins)."""
-    cfg = configs.get(args.config)
+    cfg = config_files.load(args.config)
     pairs = []
     for flag, key in FLAGS.items():
         v = getattr(args, flag)
