@@ -98,7 +98,9 @@ def fit(cfg: Config | str | None = None, *, train: ArraySource | str | None = No
         # it at import time): the dispatch by train.algo lives there, and importing it here,
         # only when called, keeps `import recjax` light and the layers acyclic.
         import algorithms
+        from recjax import compile_cache
 
+        compile_cache.enable(cfg.train.compile_cache)
         return algorithms.run(cfg)
     finally:
         for spec in registered:

@@ -58,6 +58,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     for s in SWITCHES:
         p.add_argument("--" + s.replace("_", "-"), action="store_true", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="no persistent JAX compilation cache (default: $RECJAX_CACHE/jax, "
+                        "~/.cache/recjax/jax; = --train.compile_cache=off)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true", help="list every config key and exit")
@@ -97,6 +100,8 @@ def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
             pairs.append((key, "true"))
     if args.no_progress:
         pairs.append(("train.progress", "false"))
+    if args.no_compile_cache:
+        pairs.append(("train.compile_cache", "off"))
     name = synthetic_name(args.data) if args.data else None
     if name is not None:  # the spec picks the preset; --synthetic.* overrides apply on top
         cfg = dataclasses.replace(cfg, synthetic=preset(name))

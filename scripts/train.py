@@ -22,6 +22,9 @@ def main(argv=None) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
+    from recjax import compile_cache
+
+    compile_cache.enable(cfg.train.compile_cache)
     import algorithms  # after parsing: --help stays instant
 
     try:

@@ -151,3 +151,78 @@ def test_sweep_runs_the_grid_and_skips_finished_points(tmp_path):
         assert s["steps"] == 3 and s["model"] == "lr"
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("done already") == 4
+
+
+def test_help_config_lists_every_key_with_type_choices_and_description():
+    import dataclasses
+
+    from recjax.config import help_text, override
+    from recjax.config_help import CHOICES
+
+    cfg = configs.criteo()
+    text = help_text(cfg)
+    keys = [f"{s.name}.{f.name}" for s in dataclasses.fields(cfg)
+            for f in dataclasses.fields(getattr(cfg, s.name))]
+    blocks = {}
+    for block in text.split("\n  --")[1:]:
+        head, _, desc = block.partition("\n")
+        blocks[head.split("=", 1)[0]] = (head, desc.strip())
+    assert sorted(blocks) == sorted(keys)
+    assert all(desc for _, desc in blocks.values()), [k for k, (_, d) in blocks.items() if not d]
+    head, desc = blocks["model.name"]
+    assert head.startswith("model.name='lr'  (str; default 'dlrm'; choices: lr | fm |")
+    assert "model family" in desc
+    assert blocks["data.hash_buckets"][0] == "data.hash_buckets=32768  (int; default 131072)"
+    assert "(bool; true | false)" in blocks["train.resume"][0]
+    # every listed choice is accepted, and a value outside them refused: the help cannot drift
+    base = configs.default()
+    for key, choices in CHOICES.items():
+        for choice in choices:
+            if choice != "DIR":
+                override(base, key, choice)
+        if key != "train.compile_cache":
+            with pytest.raises(ConfigError):
+                override(base, key, "no_such_choice")
+
+
+def test_compile_cache_setting_and_flag():
+    from recjax import compile_cache
+
+    cfg, _ = cli.parse(["--no-compile-cache"], "t")
+    assert cfg.train.compile_cache == "off" and compile_cache.directory("off") is None
+    assert cli.parse([], "t")[0].train.compile_cache == "auto"
+    assert compile_cache.directory("/x/y") == "/x/y"
+
+
+def test_compile_cache_directory_follows_recjax_cache(monkeypatch, tmp_path):
+    from recjax import compile_cache
+
+    monkeypatch.setenv("RECJAX_CACHE", str(tmp_path))
+    assert compile_cache.directory("auto") == str(tmp_path / "jax")
+    monkeypatch.delenv("RECJAX_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert compile_cache.directory("auto") == str(tmp_path / "home" / ".cache" / "recjax" / "jax")
+
+
+@pytest.mark.slow
+def test_second_run_loads_from_the_compile_cache_with_the_same_result(tmp_path):
+    env = dict(__import__("os").environ, RECJAX_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, "scripts/train.py", "--config", "smoke", "--steps", "5", "--no-progress",
+           "--print-config"]
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"r{i}"
+        r = subprocess.run(cmd[:-1] + ["--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads((out / "summary.json").read_text()))
+        if i == 0:
+            entries = set((tmp_path / "cache" / "jax").iterdir())
+            assert entries  # the first run wrote executables
+    # the second run found them (it may add a few small ones that compiled slowly this time)
+    assert entries <= set((tmp_path / "cache" / "jax").iterdir())
+    assert runs[0]["eval_ne"] == runs[1]["eval_ne"] and runs[0]["train_ne"] == runs[1]["train_ne"]
+    off = subprocess.run(cmd[:-1] + ["--out", str(tmp_path / "r2"), "--no-compile-cache"], cwd=ROOT,
+                         env=dict(env, RECJAX_CACHE=str(tmp_path / "other")), capture_output=True,
+                         text=True, timeout=600)
+    assert off.returncode == 0 and not (tmp_path / "other").exists()
