@@ -43,6 +43,9 @@ def main(argv=None) -> int:
     for k in SUMMARY_KEYS:
         if summary.get(k) is not None:
             v = summary[k]
+            if isinstance(v, float) and v != v:  # NaN: undefined (e.g. a one-class eval set)
+                print(f"{k:>{width}}  unavailable (see the warning above)")
+                continue
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
     if cfg.train.out:
         print(f"{'out':>{width}}  {os.path.abspath(cfg.train.out)}")

@@ -123,3 +123,25 @@ def test_readme_example_runs_from_outside_the_repo(tmp_path):
     assert 0.83 <= auc <= bayes_auc + 0.01, (auc, bayes_auc)
     assert bayes_ne - 0.01 <= ne <= 0.73, (ne, bayes_ne)
     assert not list(tmp_path.iterdir())  # no --out: the example writes nothing
+
+
+def test_one_class_eval_set_warns_with_what_to_do_and_prints_unavailable(capsys, monkeypatch):
+    """Issue 15: the Taobao Quickstart printed `eval_auc nan` for a 9-row one-class hold-out."""
+    dense, ids, label, _, vocab = _teacher(600, seed=5)
+    train = recjax.ArraySource(label[:500], dense[:500], ids[:500], vocab_sizes=vocab)
+    ev = recjax.ArraySource(np.zeros(50, np.float32), dense[500:550], ids[500:550],
+                            vocab_sizes=vocab)
+    s = recjax.fit("smoke", train=train, eval=ev, overrides={
+        "model.name": "lr", "train.batch_size": 100, "train.steps": 3, "train.progress": False})
+    assert np.isnan(s["eval_auc"])
+    assert any("single class" in w and "--data.holdout" in w for w in s["warnings"])
+    assert "warning: eval AUC/NE are undefined" in capsys.readouterr().out
+
+    import algorithms
+    from scripts import train as train_script
+
+    monkeypatch.setattr(algorithms, "run", lambda cfg: {k: s[k] for k in ("eval_auc", "eval_logloss",
+                                                                            "eval_ne", "steps")})
+    assert train_script.main(["--config", "smoke", "--no-progress", "--no-compile-cache"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"eval_auc  unavailable", out) and "nan" not in out

@@ -273,7 +273,8 @@ def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progr
     warnings = []
     if not np.isfinite(ev["auc"]):
         warnings.append(f"eval AUC/NE are undefined: the eval set ({ev['examples']} examples) "
-                        f"has a single class (CTR {ev['ctr']}); use a larger eval set")
+                        f"has a single class (CTR {ev['ctr']}); use a larger eval set: "
+                        "--eval-data FILE, or a larger --data.holdout (e.g. 0.3)")
     summary = {
         "algorithm": tc.algo, "model": cfg.model.name, "dataset": cfg.data.train,
         "eval_dataset": data.eval_desc,
