@@ -145,3 +145,21 @@ def test_one_class_eval_set_warns_with_what_to_do_and_prints_unavailable(capsys,
     assert train_script.main(["--config", "smoke", "--no-progress", "--no-compile-cache"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"eval_auc  unavailable", out) and "nan" not in out
+
+
+@pytest.mark.parametrize("short_run_steps,kept", [(1000, [12]), (5, [4, 8, 12])])
+def test_checkpoint_policy_short_runs_write_only_the_final_checkpoint(tmp_path, monkeypatch,
+                                                                      short_run_steps, kept):
+    """A 3-epoch run of 12 steps wrote a checkpoint at every epoch's end (398 MB for DeepFM on
+    the Criteo sample); below SHORT_RUN_STEPS only the final one is written."""
+    from recjax.train import contract
+
+    monkeypatch.setattr(contract, "SHORT_RUN_STEPS", short_run_steps)
+    dense, ids, label, _, vocab = _teacher(500, seed=6)
+    src = recjax.ArraySource(label[:400], dense[:400], ids[:400], vocab_sizes=vocab)
+    ev = recjax.ArraySource(label[400:], dense[400:], ids[400:], vocab_sizes=vocab)
+    recjax.fit("smoke", train=src, eval=ev, overrides={
+        "model.name": "lr", "train.batch_size": 100, "train.epochs": 3, "train.keep_ckpts": 5,
+        "train.progress": False, "train.out": str(tmp_path)})
+    steps = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == kept
