@@ -145,6 +145,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
+    epoch_ckpts = contract.epoch_checkpoints(total_steps)
     prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
                           depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
@@ -180,7 +181,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                 paused += time.perf_counter() - t
                 t_log = time.perf_counter()
             if ckpt and step < stop_at and ((tc.ckpt_every and step % tc.ckpt_every == 0)
-                                            or step % steps_per_epoch == 0):
+                                            or (epoch_ckpts and step % steps_per_epoch == 0)):
                 save(step)
                 t_log = time.perf_counter()
     except KeyboardInterrupt:
