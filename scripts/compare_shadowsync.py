@@ -166,6 +166,16 @@ def run_study(seeds: list[int], size: str, frappe: str | None, out: pathlib.Path
     return res
 
 
+def _enable_compile_cache(directory: pathlib.Path) -> None:
+    """Each of the ~70 cells rebuilds the same jitted functions; jax's persistent cache turns
+    those rebuilds into loads (the cells' results do not depend on it)."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -183,6 +193,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-frappe", action="store_true", help="synthetic only")
     p.add_argument("--doc", help="also write the markdown here (e.g. docs/shadowsync.md) and the "
                    "figure next to it")
+    p.add_argument("--compile-cache", default=str(ROOT / "runs" / "jax_cache"),
+                   help="jax persistent compilation cache folder ('' = none)")
     p.add_argument("--from-json", help="re-render from a results.json instead of running")
     p.add_argument("--compare-with", help="another run's results.json: list both runs' "
                    "verdicts and whether they agree")
@@ -204,6 +216,8 @@ def main(argv=None) -> int:
                 frappe = resolve_path(args.frappe)
             except DataError as e:
                 p.error(f"Frappe: {e} (pass --data DIR, set RECJAX_DATA, or --no-frappe)")
+        if args.compile_cache:
+            _enable_compile_cache(pathlib.Path(args.compile_cache))
         size_name = "smoke" if args.smoke else "quick" if args.quick else "full"
         res = run_study(seeds, size_name, frappe, pathlib.Path(args.out),
                         " ".join(["python scripts/compare.py shadowsync"] + argv))
