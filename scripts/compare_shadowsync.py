@@ -201,6 +201,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.from_json:
         res = json.loads(pathlib.Path(args.from_json).read_text())
+        res["rendered_by"] = " ".join(["python scripts/compare.py shadowsync"] + argv)
     else:
         seeds = ([int(s) for s in args.seeds.split(",")] if "," in args.seeds
                  else list(range(int(args.seeds))))
