@@ -96,7 +96,9 @@ def scaling_verdicts(sc: dict) -> list[dict]:
                       f"trainers {got:,.0f} vs the cap k / {sv_exchange(sc):g} x one trainer's "
                       f"EPS = {cap:,.0f} (= {cap / one:.1f} trainers' worth). By construction: "
                       "the sync link is sized so one exchange takes "
-                      f"{sv_exchange(sc):g} iterations, which fixes this cap."})
+                      f"{sv_exchange(sc):g} iterations, which fixes this cap; below it, every "
+                      "foreground sync waits for the shared link in the worker's own time, so "
+                      "efficiency falls as the link fills (rule for linear: speed-up >= 0.9 n)."})
     gap = sc["gap"]["S-EASGD"][-1]
     rows.append({
         "id": "scaling/s-easgd-syncs-more-than-fr30",
@@ -205,6 +207,10 @@ def markdown(res: dict, other: dict | None) -> str:
         for name, m in c.items():
             out.append(f"| {name} | {_ms(m['train_ne'])} | {_ms(m['eval_ne'])} | "
                        f"{_ms(m['eval_auc'])} | {_ms(m['gap'], '.2f')} | {m['steps'][0]} |")
+        never = [n for n, m in c.items() if n.startswith("FR-") and None in m["gap"]]
+        if never:
+            out.append(f"{', '.join(never)} never synced in this run (each worker ran fewer "
+                       "than k iterations): independent local training, not a sync gap of k.")
         out.append("")
     out += ["Paper, Table 2 (Dataset-1, 11 trainers; one run each): "
             + "; ".join(f"{n} gap {g}, Train NE {t}, Eval NE {e}"
