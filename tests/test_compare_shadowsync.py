@@ -149,11 +149,12 @@ def test_report_verdicts_both_ways_on_hand_made_results(tmp_path):
     assert (tmp_path / "shadowsync_scaling.png").exists()
 
 
-@pytest.mark.slow  # ~3 min on the 2-core box: 9 variants x 2 seeds + 8 scaling runs, tiny data
+@pytest.mark.slow  # ~2 min on the loaded 2-core box: 9 variants x 2 seeds + 8 scaling runs, tiny data
 def test_smoke_study_writes_results_to_out_only(tmp_path):
     docs_before = {p: p.stat().st_mtime for p in (ROOT / "docs").iterdir()}
     subprocess.run([sys.executable, str(ROOT / "scripts" / "compare.py"), "shadowsync", "--smoke",
-                    "--seeds", "2", "--out", str(tmp_path)], check=True, capture_output=True,
+                    "--seeds", "2", "--out", str(tmp_path), "--compile-cache",
+                    str(tmp_path / "jax_cache")], check=True, capture_output=True,
                    cwd=ROOT)
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["seeds"] == [0, 1] and res["partial"] is False
