@@ -127,7 +127,7 @@ def plot(sc: dict, stem: pathlib.Path) -> None:
 
     ns, eps = sc["trainers"], sc["eps"]
     one = eps["no sync"][0]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.0, 3.8))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9.0, 4.4))
     # S-EASGD's points coincide with no sync's: no sync is a wide grey band with open circles,
     # S-EASGD a thin dashed line with small squares on top of it, the ideal a dotted line on top
     style = {"no sync": dict(color="0.65", ls="-", lw=6, marker="o", ms=12, mfc="none", mew=2,
@@ -151,22 +151,21 @@ def plot(sc: dict, stem: pathlib.Path) -> None:
     for k, col in ((5, "tab:red"), (30, "tab:orange")):
         cap = sv.fr_cap(k, sv_exchange(sc), one)
         if cap < ns[-1] * one:
-            ax.axhline(cap, color=col, lw=0.8, ls=(0, (1, 3)))
-            ax.annotate(f"FR k={k} cap: {cap / one:g} trainers' worth (set by link size)",
-                        (ns[-1], cap), xytext=(0, -9), textcoords="offset points", fontsize=7,
-                        color=col, ha="right")
+            ax.axhline(cap, color=col, lw=1.0, ls=(0, (1, 2)), zorder=1,
+                       label=f"FR k={k} cap: {cap / one:g} x one trainer (link size)")
     ax.set_yscale("log", base=2)
     ticks = [n * one for n in ns]
     ax.set_yticks(ticks, [f"{t / 1000:,.0f}k" for t in ticks])
     ax.minorticks_off()
     ax.set_ylabel("throughput (examples / virtual second)")
     ax.set_title("EPS vs trainers (log2 axes)", fontsize=10)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(0.0, 0.93))
     ax2.set_ylim(0, 1.1)
     ax2.set_ylabel("efficiency: EPS / (n x 1-trainer EPS)")
     ax2.set_title("efficiency (S-EASGD = no sync = ideal)", fontsize=10)
     fig.suptitle("ShadowSync Fig. 5 analogue (virtual clock)", fontsize=11)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.13, 1, 1))
     for ext in ("png", "svg"):
         fig.savefig(stem.with_suffix("." + ext), dpi=150)
     plt.close(fig)
