@@ -248,9 +248,10 @@ def markdown(res: dict, other: dict | None) -> str:
     for r in rows:
         out.append(f"- `{r['id']}`: *{r['claim']}* {_v(r)}. {r['detail']}")
     out += ["", "Not checked here: *the sync is off the critical path in real time* "
-            "(`scripts/bench_runtime.py`, threaded). On the shared 2-core box two runs of it "
-            "gave S-EASGD / no-sync throughput ratios of 0.93 and 0.84, a spread as large as the "
-            "effect, so no verdict is given for it; in the virtual clock it holds by "
+            "(`scripts/bench_runtime.py`, threaded, real clock). Its runs on the shared 2-core "
+            "box, reported in docs/performance.md with their commands, gave S-EASGD / no-sync "
+            "ratios of 0.84, 0.92 and 0.93 (single repeats ranging 78K-131K ex/s), a spread as "
+            "large as the effect, so no verdict is given for it here; in the virtual clock it holds by "
             "construction (see `scaling/s-easgd-linear`). Nor: Table 3 (relative NE increase "
             "from 5 to 10 and 20 trainers), Sec. 4.2 / Fig. 7 (S-EASGD vs S-BMUF vs S-MA; the "
             "paper finds \"none of those algorithm stands out clearly\" on Eval NE, so there is "
