@@ -228,8 +228,8 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shadowsync_report.write(out / "shadowsync.md", res, other)
-    print(f"wrote {out}/results.json, shadowsync.md, shadowsync_scaling.{{png,svg}} "
-          f"({res['wall_seconds']:.0f}s of study)")
+    print(f"wrote {out}/" + ("" if args.from_json else "results.json, ")
+          + f"shadowsync.md, shadowsync_scaling.{{png,svg}} ({res['wall_seconds']:.0f}s of study)")
     if args.doc:
         shadowsync_report.write(pathlib.Path(args.doc), res, other)
         print(f"wrote {args.doc} and the figure next to it")
