@@ -44,7 +44,9 @@ def verdicts(res: dict) -> list[dict]:
                          + ", ".join(f"{n} {v[col]}" for n, v in sv.PAPER_TABLE2.items()) + ")",
                 "verdict": sv.HELD if ok else sv.NOT_HELD,
                 "detail": "FR minus S, paired by seed: " + "; ".join(
-                    f"k={k}: {_d(v)} ({v['reason']})" for k, v in per_k.items())})
+                    f"k={k}: {_d(v)} ({v['reason']})" for k, v in per_k.items())
+                + f". The paper's margin at k=5 is {paper_margin(col):.5f}; a difference counts "
+                  f"there only above 2 SE = {2 * per_k[5]['se']:.4f}"})
         inc = sv.increases({k: c[f"FR-EASGD k={k}"]["eval_ne"] for k in (5, 10, 30, 100)})
         rows.append({
             "id": f"{ds}/fr-eval-ne-rises-with-k",
@@ -64,6 +66,11 @@ def verdicts(res: dict) -> list[dict]:
                 "detail": f"Eval NE, FR minus S: {_d(v)} ({v['reason']})"})
     rows += scaling_verdicts(res["scaling"])
     return rows
+
+
+def paper_margin(col: int) -> float:
+    """Table 2: FR-EASGD k=5 minus S-EASGD, in Train NE (col 1) or Eval NE (col 2)."""
+    return sv.PAPER_TABLE2["FR-EASGD k=5"][col] - sv.PAPER_TABLE2["S-EASGD"][col]
 
 
 def scaling_verdicts(sc: dict) -> list[dict]:
