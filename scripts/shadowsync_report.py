@@ -274,7 +274,11 @@ def markdown(res: dict, other: dict | None) -> str:
         out += ["## Stability: a second run with other seeds", "",
                 f"Second run: `{other.get('command', '?')}` (commit {other.get('commit', '?')}, "
                 f"seeds {oseeds}, {other['wall_seconds']:.0f} s). Verdicts agree on "
-                f"**{agree} of {len(rows)}** claims.", "",
+                f"**{agree} of {len(rows)}** claims. Its scaling table (seed {other['scaling']['seed']}) "
+                + ("is identical to this run's, as a seed-independent virtual-clock schedule must be."
+                   if other["scaling"]["eps"] == res["scaling"]["eps"] else
+                   "**differs** from this run's: virtual-clock EPS should not depend on the seed."),
+                "",
                 "| claim | this run | second run | same |", "|---|---|---|---|"]
         for r in rows:
             t = theirs.get(r["id"], {}).get("verdict", "-")
