@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     for k in SUMMARY_KEYS:
         if summary.get(k) is not None:
             v = summary[k]
+            if k == "examples_per_sec" and summary.get("clock") == "virtual":
+                k = "examples_per_virtual_sec"  # a modelled rate, not a measured one
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
     if cfg.train.out:
         print(f"{'out':>{width}}  {os.path.abspath(cfg.train.out)}")
