@@ -55,16 +55,27 @@ def load(run: pathlib.Path, y: str, x: str) -> tuple[np.ndarray, np.ndarray, str
     return np.interp(steps, t_steps, t), ys, "virtual seconds" if virtual else "wall seconds"
 
 
+def _summary(run: pathlib.Path) -> dict:
+    p = run / "summary.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
 def _batch(run: pathlib.Path) -> int:
-    return json.loads((run / "summary.json").read_text())["batch_size"]
+    return _summary(run)["batch_size"]
+
+
+def _short(v: float, _pos=None) -> str:
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(v) >= div:
+            return f"{v / div:g}{suffix}"
+    return f"{v:g}"
 
 
 def label(run: pathlib.Path) -> str:
     """The run's algorithm and the settings that tell runs apart, from its summary.json."""
-    p = run / "summary.json"
-    if not p.exists():
+    s = _summary(run)
+    if not s:
         return run.name
-    s = json.loads(p.read_text())
     algo = s.get("algorithm", run.name)
     if algo in ("shadow", "fr"):
         rule = s.get("sync_rule", "").upper()
@@ -91,6 +102,7 @@ def main(argv=None) -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "recjax", "font.size": 10})
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
@@ -102,14 +114,20 @@ def main(argv=None) -> int:
         (line,) = ax.plot(xs, ys, linestyle=dash, marker=marker, markersize=4, linewidth=1.4,
                           markevery=max(1, len(xs) // 12), label=name, color=f"C{i % 10}")
         line.set_gid(f"run-{i}")
+    bayes = {_summary(r).get("bayes_eval_ne") for r in a.runs}
+    if a.y == "eval_ne" and len(bayes) == 1 and None not in bayes:  # the same teacher: its floor
+        ax.axhline(bayes.pop(), color="0.4", linewidth=1.0, linestyle=(0, (2, 2)),
+                   label="Bayes-optimal eval NE")
     if a.logx:
         ax.set_xscale("log")
+    if a.x in ("step", "examples"):  # 250K, not 250000
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_short))
     ax.set_xlabel(" / ".join(sorted(units)))
     ax.set_ylabel(Y_LABELS.get(a.y, a.y.replace("_", " ")))
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(frameon=False)
     if a.title:
-        ax.set_title(a.title)
+        ax.set_title(a.title, fontsize=9)
     fig.tight_layout()
     out = pathlib.Path(a.out).with_suffix(".svg")
     out.parent.mkdir(parents=True, exist_ok=True)
