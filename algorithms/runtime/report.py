@@ -239,7 +239,8 @@ class Reporter:
         value = None
         try:
             while True:
-                self._enter()
+                if not self._enter():  # the run is stopping: no more of this role's code
+                    return
                 try:
                     effect = role.send(value)
                 except StopIteration:
@@ -253,14 +254,18 @@ class Reporter:
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
 
-    def _enter(self) -> None:
+    def _enter(self) -> bool:
+        """Wait while the gate is closed; False if the run stops meanwhile."""
         with self._cond:
             if not self._hold:  # a record is due: stop here until the main thread took it
                 s = self.step()
                 self._hold = self._log_due(s) or self._eval_due(s)
             while self._hold and not self._stopping():
                 self._cond.wait(0.05)
+            if self._hold:
+                return False
             self._active += 1
+            return True
 
     def _leave(self) -> None:
         with self._cond:
