@@ -293,7 +293,9 @@ def markdown(res: dict, other: dict | None) -> str:
     out += ["Caveats: a few seeds per cell, short runs (k = 100 syncs only a few times per "
             "trainer), a synthetic task and a small public dataset instead of the paper's "
             "production data; the virtual clock models compute as a constant per example and "
-            "links as FIFO queues, not a real network.", ""]
+            "links as FIFO queues, not a real network.", "",
+            "See also docs/shadowsync_curves.md: eval NE over training examples (Fig. 4/5 style) "
+            "and why a 4x2 Frappe run's Train NE reads 2.1.", ""]
     return "\n".join(out)
 
 

@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     for k in SUMMARY_KEYS:
         if summary.get(k) is not None:
             v = summary[k]
+            if k == "examples_per_sec" and summary.get("clock") == "virtual":
+                k = "examples_per_virtual_sec"  # a modelled rate, not a measured one
             if isinstance(v, float) and v != v:  # NaN: undefined (e.g. a one-class eval set)
                 print(f"{k:>{width}}  unavailable (see the warning above)")
                 continue

@@ -117,7 +117,8 @@ def sum_metrics(ms: list[StepMetrics], step: int | None = None, ckpt: Checkpoint
         last checkpoint in the message).
     """
     host = jax.device_get(ms)
-    s = {k: float(sum(getattr(m, k) for m in host)) for k in StepMetrics._fields}
+    # in float64: a float32 running sum of a long segment's log losses drifts (issue 15)
+    s = {k: float(sum(float(getattr(m, k)) for m in host)) for k in StepMetrics._fields}
     s["loss"] = float(host[-1].loss)
     if step is not None:
         check_finite(s, f"in steps {step - len(ms) + 1}-{step}", ckpt)
@@ -143,6 +144,13 @@ def ne_from_sums(s: dict) -> float:
     ctr = s["label_sum"] / max(s["count"], 1.0)
     h = metrics.binary_entropy(ctr)
     return s["logloss_sum"] / max(s["count"], 1.0) / h if h > 0 else float("nan")
+
+
+def window_sums(s: dict) -> dict:
+    """The Train-NE sums of one logging window, as a train record carries them (so that a
+    reader can rebuild the curve: ``ne_from_sums`` of their running totals is ``train_ne``)."""
+    return {"window_logloss_sum": s["logloss_sum"], "window_count": s["count"],
+            "window_label_sum": s["label_sum"]}
 
 
 def open_run(cfg: Config, state: TrainState, checkpoints: bool = True

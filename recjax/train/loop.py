@@ -21,7 +21,7 @@ from recjax.batch import Batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
-from recjax.runlog import MetricsWriter
+from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 from recjax.train.setup import build
@@ -171,6 +171,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                                   "examples": step * tc.batch_size, "loss": s["loss"],
                                   "train_ne_window": contract.ne_from_sums(s),
                                   "train_ne": contract.ne_from_sums(progress.totals),
+                                  **contract.window_sums(s),
                                   "examples_per_sec": rate, "wall": progress.wall_seconds + now - t0})
                 bar.update(step - bar.n)
                 window, t_log, log_from = [], time.perf_counter(), step
@@ -211,6 +212,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
 
     ev, preds = contract.evaluate(cfg, data, predict, state.params, state.tables)
     writer.write({"kind": "eval", "step": step, **ev})
+    if counters := strategy.summary():  # the algorithm's counters, as host-async runs record them
+        writer.write({"kind": "counters", "step": step, **flat_scalars(counters)})
     final = strategy.unshard(state)
     summary = contract.build_summary(
         cfg, data, final, progress, ev, start_step=start_step,
