@@ -489,8 +489,9 @@ class TrainConfig:
       eval_batch_size: examples per eval step.
       log_every: steps between progress/metrics.jsonl records.
       eval_every: steps between evals (0 = eval at the end only).
-      ckpt_every: steps between checkpoints (0 = only at the end of each epoch and of the run).
-      keep_ckpts: checkpoints kept on disk (>= 1).
+      ckpt_every: steps between checkpoints; 0 = at the end of the run, and at the end of
+        each epoch in runs of >= 1000 steps (recjax/train/contract.py SHORT_RUN_STEPS).
+      keep_ckpts: checkpoints kept on disk (>= 1); the oldest are deleted.
       out: output directory (summary.json, metrics.jsonl, checkpoints/); empty = write nothing.
       resume: continue from the latest checkpoint in out/checkpoints.
       save_predictions: write out/predictions.csv (label,prob per eval example, input order).
@@ -499,6 +500,8 @@ class TrainConfig:
       devices: devices to use (0 = 1 for the single trainer).
       progress: show a progress bar.
       stop_after: stop (as if interrupted) after this many steps, keeping the checkpoint (tests).
+      compile_cache: jax's persistent compilation cache (recjax/compile_cache.py): auto =
+        $RECJAX_CACHE/jax (default ~/.cache/recjax/jax) | off (--no-compile-cache) | a directory.
       monitor: the eval metric of early stopping and of the best checkpoint: eval_auc (higher
         is better) | eval_ne | eval_logloss (lower is better); FuxiCTR's ``monitor``.
       early_stop_patience: stop after this many evals (every ``eval_every`` steps) in a row
@@ -528,6 +531,7 @@ class TrainConfig:
     devices: int = 0
     progress: bool = True
     stop_after: int = 0
+    compile_cache: str = "auto"
     monitor: str = "eval_auc"
     early_stop_patience: int = 0
     keep_best: bool = False
@@ -549,7 +553,7 @@ class TrainConfig:
         for name, meaning in (("steps", "0 = run train.epochs"),
                               ("seed", "a seed"),
                               ("eval_every", "0 = eval at the end only"),
-                              ("ckpt_every", "0 = only at the end of each epoch and of the run"),
+                              ("ckpt_every", "0 = at the end (and each epoch's end in long runs)"),
                               ("stop_after", "0 = do not stop early"),
                               ("devices", "0 = the algorithm's default")):
             if getattr(self, name) < 0:
@@ -653,9 +657,8 @@ def apply_overrides(cfg, pairs: list[tuple[str, str]]):
 
 
 def help_text(cfg) -> str:
-    """All keys with their current values, for ``--help-config``."""
-    lines = []
-    for s in dataclasses.fields(cfg):
-        for f in dataclasses.fields(getattr(cfg, s.name)):
-            lines.append(f"--{s.name}.{f.name}={getattr(getattr(cfg, s.name), f.name)!r}")
-    return "\n".join(lines)
+    """All keys with their type, current value, default, choices and description, for
+    ``--help-config`` (recjax/config_help.py)."""
+    from recjax import config_help  # it imports this module
+
+    return config_help.help_text(cfg)

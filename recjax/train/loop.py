@@ -21,7 +21,7 @@ from recjax.batch import Batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
-from recjax.runlog import MetricsWriter
+from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 from recjax.train.early_stop import EarlyStopper
@@ -146,6 +146,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
+    epoch_ckpts = contract.epoch_checkpoints(total_steps)
     stopper = EarlyStopper.from_config(cfg, checkpoints)  # None unless early stop / keep_best
 
     def save_best(best_ckpt) -> None:
@@ -179,6 +180,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                                   "examples": step * tc.batch_size, "loss": s["loss"],
                                   "train_ne_window": contract.ne_from_sums(s),
                                   "train_ne": contract.ne_from_sums(progress.totals),
+                                  **contract.window_sums(s),
                                   "examples_per_sec": rate, "wall": progress.wall_seconds + now - t0})
                 bar.update(step - bar.n)
                 window, t_log, log_from = [], time.perf_counter(), step
@@ -194,7 +196,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                     stopper.stopped_at = step
                     break
             if ckpt and step < stop_at and ((tc.ckpt_every and step % tc.ckpt_every == 0)
-                                            or step % steps_per_epoch == 0):
+                                            or (epoch_ckpts and step % steps_per_epoch == 0)):
                 save(step)
                 t_log = time.perf_counter()
     except KeyboardInterrupt:
@@ -227,6 +229,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
 
     ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
     writer.write({"kind": "eval", "step": step, **ev})
+    if counters := strategy.summary():  # the algorithm's counters, as host-async runs record them
+        writer.write({"kind": "counters", "step": step, **flat_scalars(counters)})
     if stopper is not None and not early and stopper.update(step, ev):
         stopper.save_best(save_best)
     final = strategy.unshard(state)
