@@ -16,6 +16,7 @@ import typing
 from recjax import config as C
 from recjax.embeddings.sparse_optim import SPARSE_OPTIMIZERS
 from recjax.models.config import MODEL_NAMES
+from recjax.train.features import MONITORS, SCHEDULES
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.name": MODEL_NAMES, "train.algo": C.ALGOS, "sparse.name": tuple(SPARSE_OPTIMIZERS),
@@ -28,6 +29,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "gba.embedding_staleness": ("id", "token"), "gba.dense_mean": ("buffer", "kept"),
     "persia.mode": C.PERSIA_MODES, "persia.compress": C.PERSIA_COMPRESS,
     "train.compile_cache": ("auto", "off", "DIR"),
+    "dense.lr_schedule": SCHEDULES, "train.monitor": tuple(MONITORS),
 }
 
 
