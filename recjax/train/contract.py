@@ -45,7 +45,8 @@ RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume",
                      "train.save_predictions", "train.tensorboard", "train.stop_after",
                      "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
                      "data.cache_rows", "data.eval", "data.holdout", "data.split_seed",
-                     "train.compile_cache"}
+                     "train.compile_cache", "train.monitor", "train.early_stop_patience",
+                     "train.keep_best"}
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
 # single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
@@ -53,12 +54,20 @@ HANDOVER_SECTIONS = ("spmd", "runtime", "shadowsync", "gba", "persia", "ray")
 RESUMABLE_CHANGES |= {"train.algo", "train.devices", "train.deterministic"}
 
 
-def check_resumable(saved: dict, now: dict) -> None:
-    """Refuse to resume a checkpoint under a config that would change its trajectory."""
-    diffs = [f"{sec}.{k}: checkpoint {saved[sec].get(k)!r}, now {v!r}"
+def check_resumable(saved: dict, now: dict, defaults: dict | None = None) -> None:
+    """Refuse to resume a checkpoint under a config that would change its trajectory.
+
+    A key the checkpoint's config lacks (a field added since it was written) counts as its
+    default in `defaults` (``Config().to_dict()``): new fields default to the old behaviour."""
+    defaults = defaults or {}
+
+    def was(sec: str, k: str):
+        return saved[sec][k] if k in saved[sec] else defaults.get(sec, {}).get(k)
+
+    diffs = [f"{sec}.{k}: checkpoint {was(sec, k)!r}, now {v!r}"
              for sec, fields in now.items() if sec in saved and sec not in HANDOVER_SECTIONS
              for k, v in fields.items()
-             if f"{sec}.{k}" not in RESUMABLE_CHANGES and saved[sec].get(k) != v]
+             if f"{sec}.{k}" not in RESUMABLE_CHANGES and was(sec, k) != v]
     if diffs:
         raise ValueError("cannot --resume: the run's config differs from its checkpoint's in "
                          + "; ".join(diffs) + ". Resume with the original settings, or start "
@@ -177,7 +186,8 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
     if tc.resume:
         state, meta = ckpt.restore(state)  # the newest intact checkpoint
         # compare as JSON sees them (tuples were saved as lists)
-        check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())))
+        check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())),
+                        json.loads(json.dumps(Config().to_dict())))
         # this segment replays the steps after the checkpoint: their old records must go
         drop_records_after(os.path.join(tc.out, "metrics.jsonl"), int(state.step))
         return ckpt, state, Progress(meta.get("progress"))
