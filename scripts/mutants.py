@@ -44,6 +44,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "codec": (["algorithms/runtime/codec.py"], ["tests/test_codec.py", "tests/test_mutants_codec.py"]),
     "dynamic": (["recjax/embeddings/dynamic.py"],
                 ["tests/test_dynamic_store.py", "tests/test_mutants_dynamic.py"]),
+    "hashing": (["recjax/data/hashing.py"],
+                ["tests/test_hashing_props.py", "tests/test_raw_ids.py", "tests/test_readers_props.py",
+                 "tests/test_data_readers.py", "tests/test_mutants_hashing.py"]),
+    "stragglers": (["algorithms/runtime/stragglers.py"],
+                   ["tests/test_runtime.py::test_stragglers_are_seeded_and_parsed",
+                    "tests/test_mutants_stragglers.py"]),
 }
 SOURCES = ["recjax", "sharding", "algorithms"]  # packages mutmut copies (the imports must resolve)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
