@@ -85,17 +85,23 @@ def test_shift_defaults_and_period_zero():
     assert any(zero[i] != zero[i + 1] for i in range(0, 58, 2))  # changes inside a pair
 
 
-def test_terms_multiply():
-    """``lognormal+slow``: each factor is the lognormal term's factor (the same draw as the
-    lognormal term alone, as it is term 0 in both) times 4 for the one slow worker, 1 for the
-    others. Kills ``f *= factor`` -> ``f = factor`` / ``f /= factor`` and a start other than 1."""
-    both = _grid(stragglers.parse("lognormal:sigma=0.3+slow:k=1,factor=4", 5, seed=7), 5, 40)
-    alone = _grid(stragglers.parse("lognormal:sigma=0.3", 5, seed=7), 5, 40)
+@pytest.mark.parametrize("spec,base,factor", [
+    ("lognormal:sigma=0.3+slow:k=1,factor=4", "lognormal:sigma=0.3", 4.0),
+    ("slow:k=1,factor=4+lognormal:sigma=0.3", "none+lognormal:sigma=0.3", 4.0),
+    ("lognormal:sigma=0.3+shift:k=1,factor=3,period=5", "lognormal:sigma=0.3", 3.0),
+])
+def test_terms_multiply(spec, base, factor):
+    """Terms multiply: each factor of `spec` is the lognormal term's factor (the same draw as in
+    `base`, where the lognormal term has the same index) times `factor` for the one slow worker
+    of that iteration, times 1 for the others. Both orders, so an assignment (``f *= x`` ->
+    ``f = x``) or a division in either term shows."""
+    both = _grid(stragglers.parse(spec, 5, seed=7), 5, 40)
+    alone = _grid(stragglers.parse(base, 5, seed=7), 5, 40)
+    assert np.all(alone != 1.0)  # the lognormal draws are really there
     ratio = both / alone
-    np.testing.assert_allclose(ratio[np.abs(ratio - 4) < 1e-9], 4.0)
-    slow = np.flatnonzero(np.all(np.abs(ratio - 4.0) < 1e-9, axis=1))
-    assert slow.size == 1
-    np.testing.assert_array_equal(np.delete(ratio, slow, axis=0), 1.0)
+    slow = np.abs(ratio - factor) < 1e-9
+    assert np.all(slow | (np.abs(ratio - 1.0) < 1e-12))
+    assert np.all(slow.sum(axis=0) == 1)  # one slow worker per iteration
 
 
 @pytest.mark.parametrize("spec,active", [("none", False), ("", False), (None, False),
