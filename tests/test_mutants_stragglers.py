@@ -5,7 +5,8 @@ The module docstring is the specification: ``lognormal`` draws i.i.d. ``exp(sigm
 draws a fresh k workers in each window of ``period`` iterations, terms multiply, and a factor is
 a pure function of ``(seed, worker, iteration)``. Each check below is written from that text
 (counts, sets and moments computed in plain numpy over the factors), never from the module's
-own draws; docs/testing.md lists the mutants each one kills.
+own draws; each docstring names the mutants it kills (the equivalent survivors:
+docs/testing.md).
 """
 
 import numpy as np
