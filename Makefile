@@ -19,7 +19,8 @@ lint:
 	$(PY) -m ruff check .
 
 # Mutation testing (mutmut) of the modules in scripts/mutants.py's GROUPS, one mutant at a time;
-# about 2 hours on the 2-core box. Numbers and equivalent survivors: docs/testing.md.
+# hours on the 2-core box (scripts/mutants.py GROUP --only REPORT re-runs one report's survivors).
+# Numbers and equivalent survivors: docs/testing.md.
 mutants:
 	$(PY) scripts/mutants.py
 

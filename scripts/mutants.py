@@ -3,6 +3,7 @@
     python scripts/mutants.py                       # every group, the working tree
     python scripts/mutants.py metrics routing       # some groups
     python scripts/mutants.py --rev 738e4ce metrics # the tree of a commit (the "before" numbers)
+    python scripts/mutants.py codec --only runs/before.json  # re-run only that report's survivors
 
 Each group (a set of modules and the test files that exercise them) runs in its own copy of the
 tree under ``--work`` with a generated ``setup.cfg``, so the repository gets no ``mutants/``
@@ -44,6 +45,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "codec": (["algorithms/runtime/codec.py"], ["tests/test_codec.py", "tests/test_mutants_codec.py"]),
     "dynamic": (["recjax/embeddings/dynamic.py"],
                 ["tests/test_dynamic_store.py", "tests/test_mutants_dynamic.py"]),
+    "hashing": (["recjax/data/hashing.py"],
+                ["tests/test_hashing_props.py", "tests/test_raw_ids.py", "tests/test_readers_props.py",
+                 "tests/test_data_readers.py", "tests/test_mutants_hashing.py"]),
+    "stragglers": (["algorithms/runtime/stragglers.py"],
+                   ["tests/test_runtime.py::test_stragglers_are_seeded_and_parsed",
+                    "tests/test_mutants_stragglers.py"]),
 }
 SOURCES = ["recjax", "sharding", "algorithms"]  # packages mutmut copies (the imports must resolve)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped",
@@ -102,7 +109,8 @@ def locate(source: list[str], key: str, diff: str) -> str:
     return f"{line}: - {' / '.join(minus)}  + {' / '.join(plus)}"
 
 
-def run_group(name: str, work: pathlib.Path, rev: str | None, timeout: float) -> dict:
+def run_group(name: str, work: pathlib.Path, rev: str | None, timeout: float,
+              only: list[str] | None = None) -> dict:
     modules, tests = GROUPS[name]
     d = work / name
     shutil.rmtree(d, ignore_errors=True)
@@ -115,15 +123,16 @@ def run_group(name: str, work: pathlib.Path, rev: str | None, timeout: float) ->
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONHASHSEED="0")
     log = d / "mutmut.log"
     with open(log, "w") as f:
-        proc = subprocess.run(["mutmut", "run", "--max-children", "1"], cwd=d, env=env, stdout=f,
-                              stderr=subprocess.STDOUT, timeout=timeout)
+        proc = subprocess.run(["mutmut", "run", "--max-children", "1", *(only or [])], cwd=d,
+                              env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode:
         sys.exit(f"mutants: mutmut failed on group {name!r} (exit {proc.returncode}); see {log}")
     out = {"tests": tests, "modules": {}}
     for m in modules:
         meta = json.loads((d / "mutants" / (m + ".meta")).read_text())
         by_status: dict[str, list[str]] = {}
-        for key, code in meta["exit_code_by_key"].items():
+        codes = {k: c for k, c in meta["exit_code_by_key"].items() if only is None or k in only}
+        for key, code in codes.items():
             by_status.setdefault(STATUS.get(code, "suspicious"), []).append(key)
         source = (d / m).read_text().splitlines()
         survivors = {}
@@ -131,7 +140,7 @@ def run_group(name: str, work: pathlib.Path, rev: str | None, timeout: float) ->
             diff = subprocess.run(["mutmut", "show", k], cwd=d, env=env, capture_output=True,
                                   text=True).stdout
             survivors[k] = {"where": f"{m}:{locate(source, k, diff)}", "diff": diff}
-        total = len(meta["exit_code_by_key"])
+        total = len(codes)
         killed = len(by_status.get("killed", [])) + len(by_status.get("timeout", []))
         out["modules"][m] = {"total": total, "killed": killed,
                              "counts": {s: len(v) for s, v in by_status.items()},
@@ -148,13 +157,24 @@ def main(argv: list[str] | None = None) -> None:
                     help="scratch folder for the per-group copies")
     ap.add_argument("--out", default="runs/mutants.json", help="JSON report (with survivor diffs)")
     ap.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per group")
+    ap.add_argument("--only", metavar="REPORT", help="run only the mutants that survived in this "
+                    "earlier --out report (a quick re-check after new tests; counts are of those)")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.groups) - set(GROUPS))
     if unknown:
         ap.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS)}")
-    report = {"rev": args.rev or "working tree", "groups": {}}
+    report = {"rev": args.rev or "working tree", "only": args.only, "groups": {}}
+    earlier = json.loads(pathlib.Path(args.only).read_text())["groups"] if args.only else None
     for g in args.groups or list(GROUPS):
-        report["groups"][g] = run_group(g, pathlib.Path(args.work), args.rev, args.timeout)
+        only = None
+        if earlier is not None:
+            if g not in earlier:
+                ap.error(f"--only {args.only}: no group {g!r} in it (it has {', '.join(earlier)})")
+            only = [k for m in earlier[g]["modules"].values() for k in m["survivors"]]
+            if not only:
+                print(f"{g}: no survivors in {args.only}; nothing to run", flush=True)
+                continue
+        report["groups"][g] = run_group(g, pathlib.Path(args.work), args.rev, args.timeout, only)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"report: {args.out}")

@@ -80,6 +80,22 @@ def test_weights_are_summed_in_float64():
     assert m.result() == (0.875, 0.5 * 1000 * 1000 / (1000 * 4000))
 
 
+def test_float32_weights_of_mixed_magnitude_are_summed_in_float64():
+    """float32 importance weights spanning 1 to 1e8 (a down-sampled class re-weighted) are summed
+    in float64. Kills ``np.asarray(weights, dtype=np.float64) -> dtype=None`` and the dtype
+    dropped (auc.py:70), which the float16 test above misses (numpy's pairwise float16 sums of
+    ones stay exact): in float32, 1e8 + 7 x 1.0 in one tied group rounds to 1e8 + 8 (float32
+    spacing at 1e8 is 8), so the group's negative mass becomes 8 instead of 7.
+
+    One positive (weight 1e8) tied at score 0.5 with 7 negatives (weight 1), one negative
+    (weight 1) below at 0.1: AUC = (1 + 7 / 2) / 8 = 0.5625 (the mutants: 0.5556).
+    """
+    y = np.r_[1.0, np.zeros(8)]
+    s = np.r_[np.full(8, 0.5), 0.1]
+    w = np.r_[1e8, np.ones(8)].astype(np.float32)
+    assert auc(y, s, w) == 0.5625
+
+
 def test_single_class_is_nan_without_a_warning():
     """One class: AUC and NE are NaN, returned without a numpy RuntimeWarning (no 0/0 is ever
     evaluated). Kills ``total_pos <= 0 or total_neg <= 0`` -> ``and`` / ``< 0`` (auc.py:93),
