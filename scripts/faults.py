@@ -13,8 +13,9 @@ the cycles the run is resumed to its end. Reported per algorithm (issue 16's acc
 * lost: a fault after which the newest committed checkpoint on disk is older than the newest
   one seen committed before it (must be 0: a stop never costs more than the checkpoint interval);
 * bitwise: the final checkpoint's arrays (their CRC-32s, recorded with them) and the summary's
-  Train NE and eval metrics equal the reference's (single, sync and the host-async algorithm on
-  the virtual clock, ``--deterministic``);
+  eval metrics equal the reference's (single, sync and the host-async algorithm on the virtual
+  clock, ``--deterministic``); Train NE within 1e-6 (its float32 window sums are grouped by
+  where the stops fell);
 * bad exits: a SIGINT/SIGTERM stop that did not exit 130, or printed a traceback.
 """
 
@@ -140,17 +141,20 @@ def main(argv=None) -> int:
             if code:
                 raise SystemExit(f"{algo}: the final resume failed (exit {code}); see {log}")
         s_ref, s = (json.loads((d / "summary.json").read_text()) for d in (ref, out))
-        keys = ["steps", "train_ne", "eval_auc", "eval_logloss", "eval_ne"]
+        keys = ["steps", "eval_auc", "eval_logloss", "eval_ne"]
         bitwise = (final_arrays(ref) == final_arrays(out)
                    and all(s_ref[k] == s[k] for k in keys))
+        # Train NE sums float32 windows whose bounds move with the stops: equal to ~1e-7 only
+        ne_rel = abs(s["train_ne"] - s_ref["train_ne"]) / abs(s_ref["train_ne"])
         faulted = [c for c in cycles if c["fault"]]
         report[algo] = {
             "cycles": len(faulted), "by_fault": {f: sum(c["fault"] == f for c in faulted)
                                                  for f in FAULTS},
             "during_saves": sum(c["moment"] == "saving" for c in faulted),
             "lost": sum(c["lost"] for c in cycles), "bad_exits": sum(c["bad_exit"] for c in cycles),
-            "bitwise_equal": bitwise, "log": str(log)}
-        ok &= bitwise and not report[algo]["lost"] and not report[algo]["bad_exits"]
+            "bitwise_equal": bitwise, "train_ne_rel_diff": ne_rel, "log": str(log)}
+        ok &= (bitwise and ne_rel < 1e-6 and not report[algo]["lost"]
+               and not report[algo]["bad_exits"])
         print(f"{algo}: {json.dumps(report[algo])}", flush=True)
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
