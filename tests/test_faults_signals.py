@@ -196,3 +196,22 @@ def test_no_traceback_from_a_ctrl_c_after_exit_130(tmp_path):
                        timeout=300, cwd=ROOT)
     assert p.returncode == 130, p.stderr
     assert "Traceback" not in p.stderr and "interrupted" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("algo,fields", [
+    ("gba", {"workers": 2, "local_batch_size": 32}),
+    ("persia", {}),
+])
+def test_gba_and_persia_checkpoint_every_interval_and_resume_bitwise(tmp_path, algo, fields):
+    """Item 5 for the algorithms whose step count is global (GBA's data list, Persia's dense
+    steps): the same interval checkpoints and bitwise resumption."""
+    def cfg(out, **train):
+        return small_cfg(algo, steps=12, train={"out": str(out), "ckpt_every": 4,
+                                                "keep_ckpts": 5, **train}, **fields)
+
+    straight = algorithms.run(cfg(tmp_path / "a"))
+    assert _steps(tmp_path / "a") == [4, 8, 12]
+    assert algorithms.run(cfg(tmp_path / "b", stop_after=8))["stopped_at"] == 8
+    resumed = algorithms.run(cfg(tmp_path / "b", resume=True))
+    assert resumed["steps"] == 12
+    _same(resumed["final_state"], straight["final_state"])
