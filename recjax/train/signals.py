@@ -97,11 +97,16 @@ def exit_quietly(code: int) -> None:
 
 def graceful(fn: Callable) -> Callable:
     """Decorate a trainer's entry point: it runs under `stop_requests` and reads
-    `requested()` between its steps."""
+    `requested()` between its steps. A call with ``checkpoints=False`` keeps Python's default
+    signals: that is a multi-process run, whose processes have nothing to save, must not stop
+    at different steps, and must end at once on launch.py's SIGTERM when a peer is gone (one
+    stuck in a collective would never reach a step boundary)."""
     import functools
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        if kwargs.get("checkpoints", True) is False:
+            return fn(*args, **kwargs)
         with stop_requests():
             return fn(*args, **kwargs)
 
