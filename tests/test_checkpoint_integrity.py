@@ -159,7 +159,9 @@ def test_signals_during_a_save_wait_for_the_commit(tmp_path, monkeypatch, capfd,
         seen.append((signum, sorted(os.listdir(tmp_path / "checkpoints"))))
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, handler) if sig == signal.SIGTERM else None
+    # SIGINT: Python's own handler (KeyboardInterrupt), whatever an earlier test left installed
+    # (the suite has run with SIGINT ignored by then, and a held SIG_IGN is dropped, by design)
+    old = signal.signal(sig, handler if sig == signal.SIGTERM else signal.default_int_handler)
     try:
         def twice(_):
             signal.raise_signal(sig)
@@ -170,8 +172,7 @@ def test_signals_during_a_save_wait_for_the_commit(tmp_path, monkeypatch, capfd,
             ck.save(20, _state(20), {"note": 20})
         monkeypatch.undo()
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        signal.signal(sig, old)
     ck.close()
     if sig == signal.SIGTERM:  # delivered once, after the commit and the rotation
         assert seen == [(sig, ["20"])]

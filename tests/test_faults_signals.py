@@ -72,14 +72,17 @@ def test_a_signal_inside_the_donated_step_checkpoints_that_step(tmp_path, sig):
     straight = loop.run(cfg(tmp_path / "a"))
     # SIGTERM's default ends the process: stand in a handler that raises like Ctrl-C, so the
     # code before this fix fails the assertions below instead of killing pytest.
-    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGINT likewise pinned to Python's own handler: the suite may have left it ignored.
+    old = {s: signal.signal(s, signal.default_int_handler)
+           for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with pytest.raises(KeyboardInterrupt):
             loop.run(cfg(tmp_path / "b"), make_strategy=lambda c, *a: _SignalInStep(*a, 6, sig))
+        assert signal.getsignal(sig) is signal.default_int_handler  # handlers restored
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
     assert _steps(tmp_path / "b")[-1] == 6
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
     resumed = loop.run(cfg(tmp_path / "b", resume=True))
     assert resumed["resumed_from_step"] == 6
     _same(resumed["final_state"], straight["final_state"])
