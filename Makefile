@@ -4,8 +4,10 @@ PYTEST_WORKERS ?= 2
 
 .PHONY: install test test-all lint bench train mutants
 
+# Dependencies, then recjax itself (editable): `import recjax` works from any directory.
 install:
 	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install -e .
 
 test:
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10

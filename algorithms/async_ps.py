@@ -58,11 +58,14 @@ def run(cfg: Config) -> dict:
     supply = rt.static_shards()
     workers = [rt.worker(w, supply) for w in range(rt.num_workers)]
     roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
-    sched = rt.execute(roles, supply, workers=workers, snapshot=lambda: (
+
+    def counters() -> dict:
+        hist = dict(sorted(server.staleness.items()))
+        n = sum(hist.values())
+        return {"staleness_histogram": {str(k): v for k, v in hist.items()},
+                "mean_staleness": sum(k * v for k, v in hist.items()) / max(n, 1),
+                "max_staleness": max(hist, default=0), "dense_ps_bytes": 2 * rt.dense_bytes * n}
+
+    sched = rt.execute(roles, supply, workers=workers, counters=counters, snapshot=lambda: (
         *server.snapshot(), rt.start_step + server.version))
-    hist = dict(sorted(server.staleness.items()))
-    n = sum(hist.values())
-    extra = {"staleness_histogram": {str(k): v for k, v in hist.items()},
-             "mean_staleness": sum(k * v for k, v in hist.items()) / max(n, 1),
-             "dense_ps_bytes": 2 * rt.dense_bytes * n}
-    return rt.finish(server.params, server.opt_state, sched, workers, extra)
+    return rt.finish(server.params, server.opt_state, sched, workers, counters())

@@ -61,11 +61,9 @@ from algorithms.runtime import (
     Worker,
     WorkerLost,
     histogram_summary,
-    step_losses,
 )
 from algorithms.runtime.ps import Rows
 from recjax.config import Config
-from recjax.runlog import MetricsWriter
 from recjax.train.setup import make_dense_tx
 from recjax.train.step import apply_dense
 
@@ -193,7 +191,6 @@ class GbaServer:
         self._lock = threading.Lock()
         # App. B Alg. 2 l. 19: the global step at which each row was last updated.
         self.tag = {t.name: np.full(t.num_embeddings, -1, np.int64) for t in rt.model.layout.tables}
-        self.records: list[dict] = []
 
     # -- the workers' side ------------------------------------------------------------------
     def may_start(self, wid: int) -> bool:
@@ -295,8 +292,6 @@ class GbaServer:
             self._apply_rows(kept, len(entries))
         self.stats.updates += 1
         self.version += 1
-        if self.stats.updates % rt.cfg.train.log_every == 0:
-            self.records.append(self.record())
 
     def _apply_rows(self, kept: list[Grad], n_entries: int) -> None:
         """Per table: drop stale rows, average each id over the gradients that touched it."""
@@ -360,8 +355,9 @@ class GbaServer:
 
     # -- reporting --------------------------------------------------------------------------
     def record(self) -> dict:
+        """The counters so far (metrics.jsonl `counters` records)."""
         s = self.stats
-        return {"kind": "gba", "step": self.version, "updates": s.updates, "applied": s.applied,
+        return {"updates": s.updates, "applied": s.applied,
                 "dropped": s.dropped, "dropped_rows": s.dropped_rows,
                 "dense_staleness_mean": histogram_summary(dict(s.dense_staleness))["mean"]}
 
@@ -447,14 +443,10 @@ def run(cfg: Config) -> dict:
     def snapshot():
         return server.params, server.opt_state, rt.start_step + server.accounted // p.m
 
-    sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot)
+    sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=server.record,
+                       step=lambda: rt.start_step + server.accounted // p.m)
     server.flush()
     extra = server.counters(sched.seconds, [w.counters.iterations for w in workers])
-    if cfg.train.out:
-        w = MetricsWriter(cfg.train.out, cfg.train.tensorboard, append=True)
-        for r in step_losses(workers, p.m, cfg.train.batch_size) + server.records + [server.record()]:
-            w.write(r)
-        w.close()
     return rt.finish(server.params, server.opt_state, sched, workers, extra,
                      step=rt.total_steps)
 

@@ -73,14 +73,12 @@ from algorithms.runtime import (
     Work,
     Worker,
     histogram_summary,
-    step_losses,
     stragglers,
 )
 from algorithms.runtime.codec import Codec
 from algorithms.runtime.ps import DensePS, localize
 from recjax.config import Config
 from recjax.embeddings import lookup, row_gradients
-from recjax.runlog import MetricsWriter
 from recjax.train.step import apply_dense, loss_and_grads, step_metrics
 
 
@@ -445,7 +443,7 @@ class Persia:
         return self.dense.params, self.dense.opt_state
 
     def run(self) -> dict:
-        rt, p, cfg = self.rt, self.p, self.cfg
+        rt, p = self.rt, self.p
         supply = rt.shared_list(1, localize=False)
         workers = [rt.worker(k, supply) for k in range(p.nn_workers)]
         queues = [collections.deque() for _ in range(p.embedding_workers)]
@@ -461,15 +459,18 @@ class Persia:
             params, opt_state = self.params()
             return params, opt_state, rt.start_step + min(w.counters.iterations for w in workers)
 
-        sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot)
+        def live() -> dict:  # counters over time (metrics.jsonl `counters` records)
+            return {"embedding_staleness": histogram_summary(dict(self.pipe.staleness)),
+                    "embedding_updates": self.pipe.applied, "bytes": self.ledger.summary(),
+                    "nn_recoveries": self.dense.recoveries,
+                    "ps_recoveries": self.recovery.recoveries}
+
+        sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=live,
+                           step=lambda: rt.start_step + min(w.counters.iterations
+                                                            for w in workers))
         workers[0].counters.shard_bytes = [self.ledger.raw[f"ps{s}<->embedding"]
                                            for s in range(rt.ps.num_shards)]
         extra = self.counters(sched)
-        if cfg.train.out:
-            w = MetricsWriter(cfg.train.out, cfg.train.tensorboard, append=True)
-            for r in step_losses(workers, 1, cfg.train.batch_size):
-                w.write(r)
-            w.close()
         params, opt_state = self.params()
         return rt.finish(params, opt_state, sched, workers, extra, step=rt.total_steps)
 

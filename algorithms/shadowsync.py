@@ -144,7 +144,14 @@ def run(cfg: Config) -> dict:
     def snapshot():
         return (*result(), rt.start_step + sum(w.counters.iterations for w in workers))
 
-    sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot)
+    def live() -> dict:  # counters over time (metrics.jsonl `counters` records)
+        counters = sync_counters + [w.counters for w in workers]
+        syncs = sum(c.syncs for c in counters)
+        iters = sum(w.counters.iterations for w in workers)
+        return {"syncs": syncs, "avg_sync_gap": (iters / syncs) if syncs else None,
+                "sync_bytes": sum(c.sync_bytes for c in counters)}
+
+    sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=live)
     counters = sync_counters + [w.counters for w in workers]
     syncs = sum(c.syncs for c in counters)
     iters = sum(w.counters.iterations for w in workers)

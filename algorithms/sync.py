@@ -35,7 +35,14 @@ from recjax.batch import Batch
 from recjax.config import Config
 from recjax.features import FeatureSpec
 from recjax.train.setup import make_model
-from recjax.train.step import TrainState, apply_dense, loss_and_grads, step_metrics
+from recjax.train.step import (
+    TrainState,
+    apply_dense,
+    loss_and_grads,
+    loss_and_grads_train,
+    step_metrics,
+    step_rng,
+)
 from sharding import arrays, comm, embedding, mesh, routing, rules
 from sharding.spmd import abstract_batch, batch_specs, feature_spec, gather, global_metrics, run_spmd
 
@@ -81,13 +88,13 @@ class SyncStrategy:
     # -- placement --
     def _specs(self, state: TrainState) -> TrainState:
         return TrainState(P(), P(), P(), embedding.store_specs(self.plan, state.tables),
-                          embedding.store_specs(self.plan, state.slots))
+                          embedding.store_specs(self.plan, state.slots), P())
 
     def prepare(self, state: TrainState) -> TrainState:
         host = arrays.fetch(state)
         sharded = TrainState(host.step, host.params, host.opt_state,
                              embedding.to_stores(self.plan, host.tables),
-                             embedding.to_stores(self.plan, host.slots))
+                             embedding.to_stores(self.plan, host.slots), host.batch_stats)
         self.specs = self._specs(sharded)
         placed = arrays.put_tree(sharded, self.mesh, self.specs)
         self._build(placed)
@@ -98,7 +105,7 @@ class SyncStrategy:
         host = arrays.fetch(state)
         return TrainState(host.step, host.params, host.opt_state,
                           embedding.from_stores(self.plan, host.tables),
-                          embedding.from_stores(self.plan, host.slots))
+                          embedding.from_stores(self.plan, host.slots), host.batch_stats)
 
     def put_batch(self, batch: Batch) -> Batch:
         if len(self._route_over) < ROUTE_CHECKS:
@@ -126,7 +133,7 @@ class SyncStrategy:
         return arrays.put_tree(batch, self.mesh, batch_specs(batch.mask is not None))
 
     # -- the step --
-    def _body(self, params, tables, slots, step, batch):
+    def _body(self, params, tables, slots, step, batch, batch_stats=()):
         plan, factor = self.plan, self.setup.cfg.spmd.route_capacity
         b = batch.label.shape[0]
         split = embedding.split_rows(plan, b)
@@ -153,7 +160,17 @@ class SyncStrategy:
 
         acts = branch(masked_acts, routed_acts)
         local = Batch(mine(batch.dense), batch.ids, batch.mask, mine(batch.label))
-        (loss, logits), (g_p, g_a) = loss_and_grads(self.model, params, acts, local)
+        if self.model.train_mode:
+            # Dropout: each batch shard its own masks (the key folded with the shard's index).
+            # Batch norm: each shard normalises with its own rows' statistics (PyTorch DDP's
+            # BatchNorm, not SyncBatchNorm); the running averages are then averaged over the
+            # shards so every replica holds the same ones.
+            rng = jax.random.fold_in(step_rng(self.model.seed, step), jax.lax.axis_index(axes))
+            (loss, logits), (g_p, g_a), batch_stats = loss_and_grads_train(
+                self.model, params, batch_stats, acts, local, rng)
+            batch_stats = jax.tree.map(lambda x: jax.lax.pmean(x, axes), batch_stats)
+        else:
+            (loss, logits), (g_p, g_a) = loss_and_grads(self.model, params, acts, local)
         # shard_map's autodiff already summed g_p over the batch shards (transpose of pvary);
         # each shard differentiated its local mean, so / n gives the global mean's grad.
         g_p = jax.tree.map(lambda g: g / n, g_p)
@@ -172,18 +189,19 @@ class SyncStrategy:
             return {k: v[0] for k, v in done.items()}, {k: v[1] for k, v in done.items()}
 
         tables, slots = branch(masked_update, routed_update)
-        return g_p, tables, slots, global_metrics(step_metrics(loss, logits, local.label), axes)
+        return (g_p, tables, slots, global_metrics(step_metrics(loss, logits, local.label), axes),
+                batch_stats)
 
     def _step(self, state: TrainState, batch: Batch):
         s = self.specs
         mask = batch.mask is not None
-        g_p, tables, slots, metrics = jax.shard_map(
+        g_p, tables, slots, metrics, stats = jax.shard_map(
             self._body, mesh=self.mesh,
-            in_specs=(P(), s.tables, s.slots, P(), batch_specs(mask)),
-            out_specs=(P(), s.tables, s.slots, P()),
-        )(state.params, state.tables, state.slots, state.step, batch)
+            in_specs=(P(), s.tables, s.slots, P(), batch_specs(mask), P()),
+            out_specs=(P(), s.tables, s.slots, P(), P()),
+        )(state.params, state.tables, state.slots, state.step, batch, state.batch_stats)
         params, opt_state = apply_dense(self.tx, state.params, state.opt_state, g_p)
-        return TrainState(state.step + 1, params, opt_state, tables, slots), metrics
+        return TrainState(state.step + 1, params, opt_state, tables, slots, stats), metrics
 
     def _predict_body(self, params, tables, batch):
         acts = embedding.sharded_lookup(self.plan, tables, batch.ids, batch.mask)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from recjax import configs
+from recjax import config_files, configs
 from recjax.config import Config, ConfigError, apply_overrides, help_text
 from recjax.data.synthetic import preset, synthetic_name
 
@@ -31,7 +31,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         description=description, allow_abbrev=False,
         epilog="Any config field can be set with --section.field=value "
                "(see --help-config for all of them with their current values).")
-    p.add_argument("--config", default="default", help=f"named config: {', '.join(configs.CONFIGS)}")
+    p.add_argument("--config", default="default",
+                   help=f"named config ({', '.join(configs.CONFIGS)}) or a config file: .py "
+                        "(config() or CONFIG), .json/.yaml (nested sections), or a run's "
+                        "summary.json (reruns it; pass a new --out)")
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
     p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr | "
                                    "gba | persia")
@@ -55,6 +58,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     for s in SWITCHES:
         p.add_argument("--" + s.replace("_", "-"), action="store_true", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-compile-cache", action="store_true",
+                   help="no persistent JAX compilation cache (default: $RECJAX_CACHE/jax, "
+                        "~/.cache/recjax/jax; = --train.compile_cache=off)")
     p.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true", help="list every config key and exit")
@@ -83,7 +89,7 @@ def _overrides(rest: list[str]) -> list[tuple[str, str]]:
 
 def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
     """Named config, then the fixed flags, then --section.field overrides (last wins)."""
-    cfg = configs.get(args.config)
+    cfg = config_files.load(args.config)
     pairs = []
     for flag, key in FLAGS.items():
         v = getattr(args, flag)
@@ -94,6 +100,8 @@ def resolve(args: argparse.Namespace, rest: list[str]) -> Config:
             pairs.append((key, "true"))
     if args.no_progress:
         pairs.append(("train.progress", "false"))
+    if args.no_compile_cache:
+        pairs.append(("train.compile_cache", "off"))
     name = synthetic_name(args.data) if args.data else None
     if name is not None:  # the spec picks the preset; --synthetic.* overrides apply on top
         cfg = dataclasses.replace(cfg, synthetic=preset(name))

@@ -17,6 +17,7 @@ import typing
 from recjax.data.synthetic import SyntheticConfig
 from recjax.embeddings.sparse_optim import SparseOptimConfig
 from recjax.models.config import ModelConfig
+from recjax.train.features import check_early_stop, check_schedule, parse_dims
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,13 @@ class EmbedConfig:
         gradient is dropped and counted.
       init_by_id: draw each row from (train.seed, table, id) as the lru store does, instead of
         one generator per table; lets a fixed-table run start where an lru run starts.
+      dims: per-table embedding dims, a rule table ``"regex:dim;regex:dim"`` over the tables'
+        names (a field's ``table``, e.g. ``C1``), first match wins, unmatched tables keep
+        ``model.embed_dim``; e.g. ``"C1|C2:32;C1[0-9]:4"``. Every dim must be <= model.embed_dim:
+        a narrower table's activations are zero-padded to it, which the deep towers of
+        wide_deep and dcn read as the concatenation of the fields' own widths (FuxiCTR's
+        per-feature ``embedding_dim``). Refused for dlrm, fm, deepfm (their pairwise dot
+        products need one width) and lr (no embeddings); --algo single only. "" = off.
     """
 
     pooling: str = "sum"
@@ -96,6 +104,7 @@ class EmbedConfig:
     capacity: int = 1 << 20
     admit_probability: float = 1.0
     init_by_id: bool = False
+    dims: str = ""
 
     def __post_init__(self):
         if self.pooling not in ("sum", "mean"):
@@ -107,6 +116,7 @@ class EmbedConfig:
         if not 0.0 < self.admit_probability <= 1.0:
             raise ValueError(f"embed.admit_probability must be in (0, 1], got "
                              f"{self.admit_probability}")
+        parse_dims(self.dims)
         if self.init != "dlrm":
             try:
                 float(self.init)
@@ -126,6 +136,18 @@ class DenseOptimConfig:
       eps: Adam/Adagrad epsilon.
       weight_decay: AdamW decoupled weight decay.
       clip_norm: global-norm gradient clipping (0 = off).
+      lr_schedule: learning-rate schedule of the dense optimizer (recjax/train/schedules.py;
+        optax schedules): constant | cosine (to ``end_lr_ratio * lr`` at ``decay_steps``) |
+        linear (likewise) | step (``lr * decay_rate ** floor(t / decay_steps)``) | exponential
+        (``lr * decay_rate ** (t / decay_steps)``); t counts steps after the warm-up. The
+        embedding tables keep ``sparse.lr``.
+      warmup_steps: linear warm-up from 0 to ``lr`` over this many steps before the schedule
+        (0 = none; with ``constant`` a warm-up then a constant lr).
+      decay_steps: cosine/linear: steps of the decay after the warm-up (then ``end_lr_ratio *
+        lr`` on); step/exponential: steps per factor ``decay_rate``. Required (> 0) for every
+        schedule but constant.
+      end_lr_ratio: cosine/linear: the final lr as a fraction of ``lr``.
+      decay_rate: step/exponential: the factor per ``decay_steps``, in (0, 1].
     """
 
     name: str = "adam"
@@ -135,6 +157,11 @@ class DenseOptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0
     clip_norm: float = 0.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    end_lr_ratio: float = 0.0
+    decay_rate: float = 0.5
 
     def __post_init__(self):
         if self.name not in ("sgd", "momentum", "adam", "adamw", "adagrad"):
@@ -142,6 +169,7 @@ class DenseOptimConfig:
                              "choose sgd, momentum, adam, adamw or adagrad")
         if self.lr <= 0:
             raise ValueError(f"dense.lr must be > 0, got {self.lr}")
+        check_schedule(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,8 +495,9 @@ class TrainConfig:
       eval_batch_size: examples per eval step.
       log_every: steps between progress/metrics.jsonl records.
       eval_every: steps between evals (0 = eval at the end only).
-      ckpt_every: steps between checkpoints (0 = only at the end of each epoch and of the run).
-      keep_ckpts: checkpoints kept on disk (>= 1).
+      ckpt_every: steps between checkpoints; 0 = at the end of the run, and at the end of
+        each epoch in runs of >= 1000 steps (recjax/train/contract.py SHORT_RUN_STEPS).
+      keep_ckpts: checkpoints kept on disk (>= 1); the oldest are deleted.
       out: output directory (summary.json, metrics.jsonl, checkpoints/); empty = write nothing.
       resume: continue from the latest checkpoint in out/checkpoints.
       save_predictions: write out/predictions.csv (label,prob per eval example, input order).
@@ -477,6 +506,16 @@ class TrainConfig:
       devices: devices to use (0 = 1 for the single trainer).
       progress: show a progress bar.
       stop_after: stop (as if interrupted) after this many steps, keeping the checkpoint (tests).
+      compile_cache: jax's persistent compilation cache (recjax/compile_cache.py): auto =
+        $RECJAX_CACHE/jax (default ~/.cache/recjax/jax) | off (--no-compile-cache) | a directory.
+      monitor: the eval metric of early stopping and of the best checkpoint: eval_auc (higher
+        is better) | eval_ne | eval_logloss (lower is better); FuxiCTR's ``monitor``.
+      early_stop_patience: stop after this many evals (every ``eval_every`` steps) in a row
+        without a better ``monitor`` than the best so far (FuxiCTR's ``early_stop_patience``);
+        0 = never stop early. Needs eval_every > 0; --algo single, sync or des.
+      keep_best: keep the checkpoint of the best eval so far in out/best/ and report
+        best_step / best_metric in summary.json (always on with early stopping). Needs
+        eval_every > 0.
     """
 
     algo: str = "single"
@@ -498,6 +537,10 @@ class TrainConfig:
     devices: int = 0
     progress: bool = True
     stop_after: int = 0
+    compile_cache: str = "auto"
+    monitor: str = "eval_auc"
+    early_stop_patience: int = 0
+    keep_best: bool = False
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -516,7 +559,7 @@ class TrainConfig:
         for name, meaning in (("steps", "0 = run train.epochs"),
                               ("seed", "a seed"),
                               ("eval_every", "0 = eval at the end only"),
-                              ("ckpt_every", "0 = only at the end of each epoch and of the run"),
+                              ("ckpt_every", "0 = at the end (and each epoch's end in long runs)"),
                               ("stop_after", "0 = do not stop early"),
                               ("devices", "0 = the algorithm's default")):
             if getattr(self, name) < 0:
@@ -526,6 +569,7 @@ class TrainConfig:
             raise ValueError("--resume needs --out DIR (the run directory holding checkpoints/)")
         if self.save_predictions and not self.out:
             raise ValueError("--save-predictions needs --out DIR to write predictions.csv into")
+        check_early_stop(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -619,9 +663,8 @@ def apply_overrides(cfg, pairs: list[tuple[str, str]]):
 
 
 def help_text(cfg) -> str:
-    """All keys with their current values, for ``--help-config``."""
-    lines = []
-    for s in dataclasses.fields(cfg):
-        for f in dataclasses.fields(getattr(cfg, s.name)):
-            lines.append(f"--{s.name}.{f.name}={getattr(getattr(cfg, s.name), f.name)!r}")
-    return "\n".join(lines)
+    """All keys with their type, current value, default, choices and description, for
+    ``--help-config`` (recjax/config_help.py)."""
+    from recjax import config_help  # it imports this module
+
+    return config_help.help_text(cfg)

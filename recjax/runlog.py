@@ -78,6 +78,28 @@ def _replace(path: str, write: Callable[[Any], Any]) -> None:
         raise
 
 
+def _is_number(v: Any) -> bool:
+    """A python or numpy (0-d) real number, not a bool."""
+    if isinstance(v, bool) or str(getattr(v, "dtype", "")) == "bool":
+        return False
+    return isinstance(v, (int, float)) or (hasattr(v, "item") and getattr(v, "ndim", 1) == 0)
+
+
+def flat_scalars(d: dict, prefix: str = "") -> dict:
+    """The numeric leaves of a nested dict as ``{"a.b": x}`` (TensorBoard takes scalars only).
+
+    Strings, booleans, None, lists and non-finite numbers are left out.
+    """
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat_scalars(v, key + "."))
+        elif _is_number(v) and math.isfinite(float(v)):
+            out[key] = v.item() if hasattr(v, "item") else v
+    return out
+
+
 class MetricsWriter:
     """Appends one JSON object per record to ``out/metrics.jsonl``; mirrors scalars to TensorBoard.
 

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import shutil
 import sys
@@ -339,10 +340,14 @@ def main(argv=None) -> int:
     p.add_argument("--frappe", default=FRAPPE, help="Frappe libfm file (relative paths are "
                    "looked up under $RECJAX_DATA, default ../shared/data)")
     p.add_argument("--datasets", default="synthetic,frappe", help="comma-separated subset")
+    p.add_argument("--data", help="data folder the relative data paths are under (default "
+                   "$RECJAX_DATA, else ../shared/data next to the checkout)")
     p.add_argument("--no-compile-cache", action="store_true",
                    help="do not keep jax's persistent compilation cache in OUT/jax_cache")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    if args.data:  # recjax.data.sources.resolve_path looks relative paths up here
+        os.environ["RECJAX_DATA"] = args.data
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if not args.no_compile_cache:

@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import statistics
 import sys
@@ -518,6 +519,8 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="seconds-long tiny runs (tests)")
     p.add_argument("--seeds", type=int, default=0, help="seeds per cell (0 = the size's default)")
     p.add_argument("--datasets", default="synthetic,criteo,avazu,taobao", help="comma-separated")
+    p.add_argument("--data", help="data folder the relative data paths are under (default "
+                   "$RECJAX_DATA, else ../shared/data next to the checkout)")
     p.add_argument("--taus", help="tau sweep, comma-separated (default 0,1,2,4,8,16; --quick "
                    "0,1,4,16; empty = none)")
     p.add_argument("--out", default=str(ROOT / "runs" / "compare_persia"), help="output folder")
@@ -529,6 +532,8 @@ def main(argv=None) -> int:
                    "generated part and docs/persia_study.{svg,png}")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = p.parse_args(argv)
+    if args.data:  # recjax.data.sources.resolve_path looks relative paths up here
+        os.environ["RECJAX_DATA"] = args.data
     size = "smoke" if args.smoke else "quick" if args.quick else "full"
     seeds = args.seeds or SEEDS[size]
     out = pathlib.Path(args.out)

@@ -22,6 +22,9 @@ def main(argv=None) -> int:
     if args.print_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
+    from recjax import compile_cache
+
+    compile_cache.enable(cfg.train.compile_cache)
     import algorithms  # after parsing: --help stays instant
 
     try:
@@ -43,6 +46,11 @@ def main(argv=None) -> int:
     for k in SUMMARY_KEYS:
         if summary.get(k) is not None:
             v = summary[k]
+            if k == "examples_per_sec" and summary.get("clock") == "virtual":
+                k = "examples_per_virtual_sec"  # a modelled rate, not a measured one
+            if isinstance(v, float) and v != v:  # NaN: undefined (e.g. a one-class eval set)
+                print(f"{k:>{width}}  unavailable (see the warning above)")
+                continue
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
     if cfg.train.out:
         print(f"{'out':>{width}}  {os.path.abspath(cfg.train.out)}")

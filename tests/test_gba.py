@@ -162,8 +162,13 @@ def test_counters_and_metrics_records(tmp_path):
     assert s["gradients_applied"] + s["dropped_gradients"] == 24
     assert s["global_qps"] == pytest.approx(sum(s["local_qps"]))
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    kinds = [__import__("json").loads(x)["kind"] for x in lines]
-    assert kinds.count("train") == 6 and "gba" in kinds and "eval" in kinds
+    recs = [__import__("json").loads(x) for x in lines]
+    kinds = [r["kind"] for r in recs]
+    assert [r["step"] for r in recs if r["kind"] == "train"] == [2, 4, 6]  # every log_every
+    assert "eval" in kinds
+    counters = [r for r in recs if r["kind"] == "counters"]
+    assert [r["step"] for r in counters] == [2, 4, 6]
+    assert counters[-1]["dropped_gradients"] == s["dropped_gradients"]
 
 
 def test_refuses_a_used_out_and_resumes_a_single_checkpoint(tmp_path):

@@ -6,6 +6,7 @@
 * ``supply.py``: batch supplies (static per-worker shards, GBA's shared data list);
 * ``stragglers.py``: seeded slowdown models;
 * ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files);
+* ``report.py``: progress bar, train / eval / counters records and TensorBoard while it runs;
 * ``ray_backend.py``: ``--backend ray``, the shards, worker groups and servers as Ray actors.
 
 The algorithms (``async_ps.py``, ``shadowsync.py``, ``gba.py``) are modules beside this package.
@@ -31,9 +32,8 @@ from algorithms.runtime.engine import (
     Runtime,
     Worker,
     histogram_summary,
-    step_losses,
 )
 
 __all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
            "Schedule", "Signal", "Wait", "Work", "Worker", "WorkerLost", "histogram_summary", "run_threaded",
-           "run_virtual", "step_losses", "stragglers"]
+           "run_virtual", "stragglers"]

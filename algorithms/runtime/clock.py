@@ -333,7 +333,8 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
     return Schedule(seconds, [], lost)
 
 
-def run_virtual(roles: list[RoleSpec]) -> Schedule:
+def run_virtual(roles: list[RoleSpec], on_event: Callable[[float], None] | None = None
+                ) -> Schedule:
     """Run the roles as one sequential schedule of events ordered by virtual time.
 
     Each role has at most one pending event; ties run in the order they were scheduled, so the
@@ -341,7 +342,8 @@ def run_virtual(roles: list[RoleSpec]) -> Schedule:
     time; one that does not parks the role, which is re-checked only after an event that
     notified its signal, and then resumes at that event's time. Ends when every foreground
     role has ended (background roles are closed); parties stuck in a collective whose peers
-    have all ended are closed too.
+    have all ended are closed too. ``on_event(now)``, if given, is called after each role's
+    event, when every role is suspended (progress records, evals: ``report.py``).
 
     Raises:
       RuntimeError: every role left is parked on a `Wait` that no role can make true.
@@ -431,6 +433,8 @@ def run_virtual(roles: list[RoleSpec]) -> Schedule:
                     waiting[key] = (sig, sig.generation, left)
                 else:
                     del waiting[key]
+            if on_event is not None:
+                on_event(now)
     finally:
         for r in roles:
             r.role.close()

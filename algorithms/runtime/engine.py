@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime import stragglers
+from algorithms.runtime import report, stragglers
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, Work, run_threaded, run_virtual
 from algorithms.runtime.supply import SharedList, StaticShards
 from algorithms.runtime.watchdog import Watchdog
@@ -52,9 +52,7 @@ from recjax.data.pipeline import batches, cached
 from recjax.data.synthetic import SyntheticSource
 from recjax.embeddings import lookup, row_gradients
 from recjax.features import FeatureSpec
-from recjax.runlog import MetricsWriter
 from recjax.train import contract, signals
-from recjax.train.contract import ne_from_sums
 from recjax.train.data import open_data, train_shuffle_buffer
 from recjax.train.setup import build, make_model
 from recjax.train.step import (
@@ -429,17 +427,20 @@ class Runtime:
         ms = [m for w in workers for m in w.counters.metrics]
         return contract.sum_metrics(ms) if ms else dict.fromkeys(StepMetrics._fields, 0.0)
 
-    def execute(self, roles: list[RoleSpec], supply, snapshot=None, workers=()) -> Schedule:
+    def execute(self, roles: list[RoleSpec], supply, snapshot=None, workers=(), counters=None,
+                step=None) -> Schedule:
         """Run the roles (virtual clock with ``--deterministic``, else threads).
 
         Args:
           roles: every role of the run.
           supply: the batch supply (closed at the end).
-          snapshot: ``() -> (params, opt_state, global step)`` to checkpoint on Ctrl-C.
-          workers: the `Worker`\\ s (their iterations go into progress records).
+          snapshot: ``() -> (params, opt_state, global step)`` to checkpoint on Ctrl-C and to
+            evaluate every ``train.eval_every`` steps.
+          workers: the `Worker`\\ s (their scored batches make the train records).
+          counters: ``() -> dict`` of the algorithm's counters, recorded over time.
+          step: ``() -> global step reached`` (default: start + the workers' iterations).
         """
-        writer = MetricsWriter(self.cfg.train.out, append=self.resuming)
-        last = [time.perf_counter()]
+        self.report = report.Reporter(self, workers, step, snapshot, counters)
         # A role that makes no progress for runtime.watchdog_s is named, its stack printed, and
         # the run stopped with a checkpoint (issue 16, item 10); threads only: on the virtual
         # clock every role runs in this thread, between events.
@@ -456,21 +457,25 @@ class Runtime:
 
         def on_poll():
             dog.check("recjax-rt-")
-            if time.perf_counter() - last[0] >= 1.0:
-                last[0] = time.perf_counter()
-                writer.write({"kind": "progress", "wall": last[0] - self.t0,
-                              "iterations": sum(w.counters.iterations for w in workers)})
+            self.report.on_poll()
+
+        self.report.on_wait = lambda: dog.check("recjax-rt-")
 
         try:
             if signals.requested() and not (self.cfg.train.deterministic and self.periodic):
                 raise KeyboardInterrupt  # a stop signal came while the run was being set up
             if self.cfg.train.deterministic:
-                return run_virtual(roles)
+                return run_virtual(roles, self.report.on_event)
             if self.cluster is not None:  # compile every worker group before the clock runs
                 self.groups.warm_all(self.init_state.params, self.warm_batch)
             group = ThreadGroup("recjax-rt")
-            return run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
+            self.report.bind(group.stop)
+            roles = [dataclasses.replace(r, role=self.report.wrap(r.role)) for r in roles]
+            sched = run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
+            sched.seconds -= self.report.paused  # evals and records are not training time
+            return sched
         except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint
+            self.report.close()
             if isinstance(e, _Abandoned):
                 last = self.ckpt.latest_step() if self.ckpt is not None else None
                 print(f"stopped at once; the checkpoint at step {last} is the latest")
@@ -481,7 +486,6 @@ class Runtime:
             raise
         finally:
             supply.close()
-            writer.close()
 
     def _save_stopped(self, snapshot, workers, why: str) -> None:
         """Checkpoint the roles' state after they stopped early (Ctrl-C, a lost PS)."""
@@ -551,10 +555,7 @@ class Runtime:
                     for how in ("mod", "binpack")},
                 "virtual_events": sched.events if tc.deterministic else None,
                 **extra})
-        if tc.out:
-            w = MetricsWriter(tc.out, append=True)
-            w.write({"kind": "eval", "step": step, **ev})
-            w.close()
+        self.report.final(step, sched.seconds, ev, extra)
         contract.write_summary(cfg, summary, preds)
         return summary | {"final_state": state, "schedule": sched}
 
@@ -629,23 +630,3 @@ def histogram_summary(hist: dict[int, int]) -> dict:
     return {"mean": sum(k * v for k, v in hist.items()) / n if n else None,
             "max": max((k for k, v in hist.items() if v), default=None),
             "histogram": {str(k): int(v) for k, v in sorted(hist.items()) if v}}
-
-
-def step_losses(workers: list[Worker], m: int, global_batch: int) -> list[dict]:
-    """One ``kind: train`` record per global step: the mean loss of the M supply entries of
-    that step (``index // m``), each scored at the params its worker used (as the sync trainer
-    scores each batch before its step)."""
-    sums: dict[int, list[float]] = {}
-    for w in workers:
-        for i, met in zip(w.counters.indices, jax.device_get(w.counters.metrics)):
-            s = sums.setdefault(i // m, [0.0, 0.0, 0.0])
-            s[0] += float(met.logloss_sum)
-            s[1] += float(met.count)
-            s[2] += float(met.label_sum)
-    out = []
-    for step in sorted(sums):
-        ll, n, lab = sums[step]
-        ne = ne_from_sums({"logloss_sum": ll, "count": n, "label_sum": lab})
-        out.append({"kind": "train", "step": step + 1, "examples": (step + 1) * global_batch,
-                    "loss": ll / n, "train_ne_window": ne})
-    return out

@@ -378,6 +378,21 @@ class ShardProxy:
     def call(self, method: str, *args) -> Any:
         return self.result(self.submit(method, *args), method, *args)
 
+    def will_push(self) -> None:
+        """A worker actor is about to push to this shard itself (`ComputeServer.step`): the
+        kill injection counts it as `submit` counts the driver's pushes."""
+        if self._kill_at:
+            with self._lock:
+                self._submitted += 1
+                kill = self._submitted == self._kill_at
+            if kill:
+                self._kill_at = 0
+                sigkill(self.handle, self.pid)
+
+    def pushed(self) -> None:
+        """A worker actor's push to this shard was applied (counts toward a snapshot)."""
+        self._pushed()
+
     def _pushed(self) -> None:
         with self._lock:
             self.pushes += 1
@@ -489,6 +504,12 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
         return [(sh, sh.submit("pull", self._part(rows, sh.names), admit))
                 for sh in self.shards if sh.names]
 
+    def direct(self, rows: ps_lib.Rows) -> list:
+        """``[(actor handle, the shard's rows) or (None, None)]`` per shard: what a worker
+        actor needs to pull from and push to the shards itself (`ComputeServer.step`)."""
+        return [(sh.handle, self._part(rows, sh.names)) if sh.names else (None, None)
+                for sh in self.shards]
+
     def pull(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
         out = {}
         for sh, sent in self.pull_refs(rows, admit):
@@ -586,6 +607,34 @@ class ComputeServer:
         return (m, g, *[{k: rows[k] for k in names} if names else None
                         for names in self.shard_names])
 
+    def step(self, params, local, coalesce: bool, push: bool, shards: list) -> tuple:
+        """A worker's step with its embedding traffic made from this process: pull each
+        shard's rows from its actor (`shards`: `RayEmbeddingPS.direct`), compute, and with
+        `push` push each shard its row gradients and wait for them, so neither the rows nor
+        the gradients pass through the driver. Returns ``((metrics, failed), dense grads,
+        per shard: its row gradients, or None when pushed here)``; `failed` maps a shard whose
+        push found its actor dead to its gradients (the driver restarts it and pushes them).
+        A shard that died under the pull raises `RayActorError` to the caller."""
+        ray = _ray()
+        refs = [h.pull.remote(part, True) for h, part in shards if h is not None]
+        minis = {}
+        for part in ray.get(refs):
+            minis.update(part)
+        m, g, rows = (self._grads_rows if coalesce else self._grads)(params, minis, local)
+        m, g, rows = jax.device_get((m, g, rows))
+        per = [{k: rows[k] for k in names} if names else None for names in self.shard_names]
+        if not push:
+            return ((m, {}), g, *per)
+        sent = [(s, h.push.remote(part, per[s])) for s, (h, part) in enumerate(shards)
+                if h is not None]
+        failed = {}
+        for s, ref in sent:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                failed[s] = per[s]
+        return ((m, failed), g, *[None] * len(per))
+
     def add(self, name: str, factory, *args) -> None:
         """Compile-on-call ``jax.jit(factory(ctx, *args))`` under `name` (see `call`)."""
         self.fns[name] = jax.jit(factory(self.ctx, *args))
@@ -661,10 +710,14 @@ class RemoteFn:
 class RayWorker:
     """`engine.Worker` whose compute runs in its group's actor (see `Runtime.worker`).
 
-    The rows are pulled shard by shard into the object store and handed to the actor by
-    reference; the row gradients come back as one reference per shard (`ShardGrads`) that the
-    push hands to the shards. With ``rt.dense_on_actor`` the dense gradient stays a reference
-    too (its consumer, a hosted dense PS or GBA's PS0, is an actor).
+    The driver makes one call per step (`ComputeServer.step`): the actor pulls the batch's
+    rows from each shard's actor and (async PS, ShadowSync) pushes each shard its row
+    gradients, one call per (batch, shard) each way, so the rows and gradients go from process
+    to process without passing through the driver. For GBA the row gradients come back as one
+    reference per shard (`ShardGrads`) for PS0. With ``rt.dense_on_actor`` the dense gradient
+    stays a reference too (its consumer, a hosted dense PS or GBA's PS0, is an actor). A shard
+    that died under the step is restarted by the driver's `ShardProxy`, and the step redone
+    through it.
     """
 
     def __init__(self, rt, wid: int, supply, group: int):
@@ -679,28 +732,35 @@ class RayWorker:
         return self.supply.take(self.wid)
 
     def compute(self, params, item: tuple, it: int, coalesce: bool = False):
+        """The step in the group's actor (`ComputeServer.step`). Without `coalesce` (async
+        PS, ShadowSync) the actor also pushes the row gradients, and `push` only accounts for
+        them; with it (GBA, whose PS0 aggregates them) they come back as `ShardGrads`."""
         rt, ray = self.rt, _ray()
         _, (local, rows) = item
         if self._kill_at and it + 1 == self._kill_at:
             self._kill_at = 0
             sigkill(self.handle, self.rt.groups.pids[self.group])
-        n = 2 + len(rt.ps.shards)
-
-        def call(parts):
-            outs = self.handle.compute.options(num_returns=n).remote(
-                host_value(params), local, coalesce, *parts)
-            return outs, ray.get(outs[0])
-
+        n, push = 2 + len(rt.ps.shards), not coalesce
         try:
             try:
-                outs, m = call([ref for _, (_, ref) in rt.ps.pull_refs(rows)])
+                if push:
+                    for sh in rt.ps.shards:
+                        if sh.names:
+                            sh.will_push()
+                outs = self.handle.step.options(num_returns=n).remote(
+                    host_value(params), local, coalesce, push, rt.ps.direct(rows))
+                m, failed = ray.get(outs[0])
             except ray.exceptions.RayActorError:
                 if not self._alive():
                     raise
                 # a PS shard died under the pull: pull again through the proxies (which
-                # restart it) and redo the step on the rows they return
-                outs, m = call([rt.ps._part(rt.ps.pull(rows), sh.names)
-                                for sh in rt.ps.shards if sh.names])
+                # restart it) and redo the step on the rows they return; the driver pushes
+                push, failed = False, {}
+                parts = [rt.ps._part(rt.ps.pull(rows), sh.names) for sh in rt.ps.shards
+                         if sh.names]
+                outs = self.handle.compute.options(num_returns=n).remote(
+                    host_value(params), local, coalesce, *parts)
+                m = ray.get(outs[0])
             g_params = outs[1] if rt.dense_on_actor else ray.get(outs[1])
         except ray.exceptions.RayActorError as e:
             raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
@@ -711,7 +771,8 @@ class RayWorker:
             self.counters.shard_bytes[s] += b
         work = Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(self.wid, it),
                     tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
-        return g_params, (rows, ShardGrads(tuple(outs[2:]))), work
+        pending = _Pushed(rows, failed) if push else (rows, ShardGrads(tuple(outs[2:])))
+        return g_params, pending, work
 
     def _alive(self) -> bool:
         ray = _ray()
@@ -721,6 +782,23 @@ class RayWorker:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return False
 
-    def push(self, pending: tuple) -> None:
-        self.rt.ps.push(*pending)
+    def push(self, pending) -> None:
+        ps = self.rt.ps
+        if isinstance(pending, _Pushed):  # pushed by the actor: account, and redo a failed one
+            for s, sh in enumerate(ps.shards):
+                if s in pending.failed:
+                    sh.call("push", ps._part(pending.rows, sh.names), pending.failed[s])
+                elif sh.names:
+                    sh.pushed()
+        else:
+            ps.push(*pending)
         self.counters.iterations += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pushed:
+    """A step whose row gradients the worker actor pushed itself; `failed`: shard -> the
+    gradients of a push that found the shard's actor dead."""
+
+    rows: dict
+    failed: dict

@@ -19,6 +19,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
+from recjax.data import arrays
 from recjax.data.avazu import AvazuSource
 from recjax.data.base import DataError, DataSource
 from recjax.data.criteo import CriteoCSVSource, CriteoSource
@@ -100,6 +101,8 @@ SOURCES: dict[str, SourceFactory] = {
     "frappe": _file_kind(FrappeSource, "raw_ids"),
     "movielens": _file_kind(MovieLensSource, "raw_ids"),
     "taobao": _file_kind(TaobaoSource, "hash_buckets", "multi_hot_len", "raw_ids"),
+    # numpy arrays registered in this process (recjax/data/arrays.py; recjax.train does it)
+    "arrays": lambda arg, name, opts: arrays.lookup(arg, raw_ids=opts.raw_ids),
 }
 
 

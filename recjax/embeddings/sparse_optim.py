@@ -49,6 +49,10 @@ class SparseOptimConfig:
       l1: FTRL L1 strength.
       l2: FTRL L2 strength.
       beta: FTRL beta.
+      embedding_l2: lambda of the L2 penalty ``lambda/2 * sum_r ||w_r||^2`` over the rows r a
+        step touches (`with_l2`; FuxiCTR's ``embedding_regularizer``); applies to every
+        table, wide (dim-1) tables included, under any optimizer (on top of FTRL's own l2).
+        0 = off.
     """
 
     name: str = "sgd"
@@ -60,6 +64,7 @@ class SparseOptimConfig:
     l1: float = 0.0
     l2: float = 0.0
     beta: float = 1.0
+    embedding_l2: float = 0.0
 
     def __post_init__(self):
         if self.name not in SPARSE_OPTIMIZERS:
@@ -70,6 +75,8 @@ class SparseOptimConfig:
         for name in ("b1", "b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"sparse.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not (math.isfinite(self.embedding_l2) and self.embedding_l2 >= 0):
+            raise ValueError(f"sparse.embedding_l2 must be >= 0 (0 = off), got {self.embedding_l2}")
 
 
 def coalesce(ids: jax.Array, grads: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
@@ -195,5 +202,38 @@ SPARSE_OPTIMIZERS: dict[str, Callable[[SparseOptimConfig], SparseOptimizer]] = {
 }
 
 
+def with_l2(opt: SparseOptimizer, lam: float) -> SparseOptimizer:
+    """`opt` on the loss plus ``lam/2 * sum_{r in R} ||w_r||^2``, R = the rows the step touches.
+
+    The penalty's gradient ``lam * w_r`` is added once to each touched row's summed gradient
+    (ids merged exactly by `coalesce` first), then `opt` updates the row as usual: the dense
+    L2 gradient restricted to those rows, which is what a sparse (lazy) optimizer can afford.
+    Untouched rows are not decayed. Once per *row* (not per occurrence) also makes the result
+    independent of how an algorithm splits or merges a step's entries (sync's owner routing,
+    GBA's buffer).
+
+    FuxiCTR's ``embedding_regularizer`` adds ``lambda/p * ||W||_p^p`` (p = 2) over each *whole*
+    embedding weight (fuxictr/pytorch/models/rank_model.py ``regularization_loss``), which
+    decays every row at every step; here the same term is restricted to the rows the step
+    looks up (a lazy L2), so its gradient on those rows equals FuxiCTR's and the rest stay
+    untouched, as a sparse optimizer requires.
+
+    Args:
+      opt: the optimizer of the data loss.
+      lam: lambda >= 0; 0 returns `opt` itself (bitwise unchanged updates).
+    """
+    if lam == 0:
+        return opt
+
+    def update(table, slots, ids, grads, step):
+        v = table.shape[0]
+        ids, g = coalesce(ids, grads, v)
+        real = (ids < v)[:, None]  # padding slots (id V) must stay zero: they are dropped anyway
+        g = g + jnp.where(real, lam * _rows(table, ids), 0.0).astype(g.dtype)
+        return opt.update(table, slots, ids, g, step)
+
+    return SparseOptimizer(opt.init, update)
+
+
 def make_sparse_optimizer(cfg: SparseOptimConfig) -> SparseOptimizer:
-    return SPARSE_OPTIMIZERS[cfg.name](cfg)
+    return with_l2(SPARSE_OPTIMIZERS[cfg.name](cfg), cfg.embedding_l2)

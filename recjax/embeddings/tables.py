@@ -68,10 +68,14 @@ class EmbeddingLayout:
         return sum(t.num_embeddings for t in self.tables)
 
 
-def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum") -> EmbeddingLayout:
+def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum",
+                dims: dict[str, int] | None = None) -> EmbeddingLayout:
     """One table per (group, distinct table of the spec), fields sharing tables as the spec says.
 
-    `pooling` is the default; a field's own ``FieldSpec.pooling`` overrides it.
+    `pooling` is the default; a field's own ``FieldSpec.pooling`` overrides it. `dims` gives
+    the ``"emb"`` group's tables their own widths (spec table name -> dim <= the group's dim,
+    ``embed.dims``); `lookup` zero-pads a narrower table's activations to the group's dim and
+    `row_gradients` drops the padding's gradient.
     """
     if pooling not in ("sum", "mean"):
         raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
@@ -90,7 +94,7 @@ def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum")
             tables.append(TableConfig(
                 name=f"{group}/{table}",
                 num_embeddings=spec.fields[idx[0]].vocab_size,
-                embedding_dim=dim,
+                embedding_dim=(dims or {}).get(table, dim) if group == "emb" else dim,
                 feature_names=tuple(spec.fields[i].name for i in idx),
                 field_index=tuple(idx),
                 pooling=pools.pop(),
@@ -180,7 +184,7 @@ def lookup(layout: EmbeddingLayout, tables: dict, ids: jax.Array, mask: jax.Arra
       mask: f32[B, F, L] or None (every field one-hot, L = 1).
     """
     acts = {}
-    for group, _ in layout.groups:
+    for group, dim in layout.groups:
         parts, order = [], []
         for t in layout.group_tables(group):
             idx = t.field_index
@@ -190,6 +194,8 @@ def lookup(layout: EmbeddingLayout, tables: dict, ids: jax.Array, mask: jax.Arra
                 pooled = rows.sum(axis=2) if rows.shape[2] > 1 else rows[:, :, 0]
             else:
                 pooled = jnp.einsum("bfld,bfl->bfd", rows, w)
+            if t.embedding_dim < dim:  # a narrower table (embed.dims): zero-pad to the group's dim
+                pooled = jnp.pad(pooled, ((0, 0), (0, 0), (0, dim - t.embedding_dim)))
             parts.append(pooled)
             order.extend(idx)
         stacked = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
@@ -211,7 +217,7 @@ def row_gradients(layout: EmbeddingLayout, g_acts: dict, ids: jax.Array, mask: j
     out = {}
     for t in layout.tables:
         idx = t.field_index
-        g = g_acts[t.name.split("/", 1)[0]][:, idx, :]  # [B, f, D]
+        g = g_acts[t.name.split("/", 1)[0]][:, idx, :t.embedding_dim]  # [B, f, D_t]
         t_ids = ids[:, idx, :]  # [B, f, L]
         w = _pool_weights(t, mask, idx)
         if w is None:

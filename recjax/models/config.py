@@ -35,6 +35,16 @@ class ModelConfig:
       cross_layers: number of DCN cross layers (0 leaves x0 unchanged: a deep + linear model).
       interaction_self: DLRM only: also include the i == j dot products (N(N+1)/2 pairs instead
         of the strictly upper N(N-1)/2).
+      dropout: dropout rate p in [0, 1) after every hidden MLP layer (FuxiCTR's ``net_dropout``);
+        kept units are scaled by 1/(1-p) in training, no dropout in eval. 0 = off. Models with
+        an MLP only (wide_deep, deepfm, dlrm, dcn); --algo single or sync.
+      batch_norm: batch normalisation after every hidden MLP layer's Dense, before its ReLU
+        (FuxiCTR's ``batch_norm``, its MLP_Block order Dense -> BN -> ReLU -> Dropout); batch
+        statistics in training, running averages (momentum ``bn_momentum``) in eval; the running
+        averages are part of the train state and of every checkpoint. Models with an MLP only;
+        --algo single or sync.
+      bn_momentum: decay of the batch-norm running averages (Flax convention: new = m * old +
+        (1 - m) * batch; 0.9 = PyTorch's momentum 0.1).
     """
 
     name: str = "dlrm"  # model family, one of MODEL_NAMES
@@ -44,6 +54,9 @@ class ModelConfig:
     deep_mlp: tuple[int, ...] = (400, 400)  # deep tower of wide_deep / deepfm / dcn
     cross_layers: int = 3  # DCN: number of cross layers
     interaction_self: bool = False  # DLRM: include the i == j pairs in the dot interaction
+    dropout: float = 0.0  # dropout rate after every hidden MLP layer (0 = off)
+    batch_norm: bool = False  # batch norm after every hidden MLP layer's Dense
+    bn_momentum: float = 0.9  # decay of the batch-norm running averages
 
     def __post_init__(self):
         if self.name not in MODEL_NAMES:
@@ -56,6 +69,10 @@ class ModelConfig:
             object.__setattr__(self, field, _layer_sizes(field, getattr(self, field)))
         if self.cross_layers < 0:
             raise ValueError(f"model.cross_layers must be >= 0, got {self.cross_layers}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1) (a rate; 0 = off), got {self.dropout}")
+        if not 0.0 <= self.bn_momentum < 1.0:
+            raise ValueError(f"model.bn_momentum must be in [0, 1), got {self.bn_momentum}")
 
     @property
     def bottom_layers(self) -> tuple[int, ...]:

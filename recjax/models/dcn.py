@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from recjax.features import FeatureSpec
 from recjax.models.config import ModelConfig
-from recjax.models.ops import MLP, check_inputs, cross_layer, flatten_inputs
+from recjax.models.ops import MLP, check_inputs, cross_layer, flatten_inputs, mlp_options
 
 
 class DCN(nn.Module):
@@ -33,15 +33,23 @@ class DCN(nn.Module):
     embed_dim: int  # D
     deep_mlp: tuple[int, ...]  # hidden widths of the deep tower (all ReLU)
     cross_layers: int  # L
+    dropout: float = 0.0  # dropout after every hidden MLP layer (model.dropout)
+    batch_norm: bool = False  # batch norm in every hidden MLP layer (model.batch_norm)
+    bn_momentum: float = 0.9  # running-average decay of the batch norms
     GROUPS: ClassVar[tuple[str, ...]] = ("emb",)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, spec: FeatureSpec) -> DCN:
         return cls(n_fields=spec.n_fields, n_dense=spec.n_dense, embed_dim=cfg.embed_dim,
-                   deep_mlp=cfg.deep_mlp, cross_layers=cfg.cross_layers)
+                   deep_mlp=cfg.deep_mlp, cross_layers=cfg.cross_layers, **mlp_options(cfg))
+
+    @property
+    def _mlp(self) -> dict:
+        return dict(dropout=self.dropout, batch_norm=self.batch_norm, bn_momentum=self.bn_momentum)
 
     @nn.compact
-    def __call__(self, acts: dict[str, jax.Array], dense: jax.Array) -> jax.Array:
+    def __call__(self, acts: dict[str, jax.Array], dense: jax.Array,
+                 train: bool = False) -> jax.Array:
         check_inputs("dcn", acts, dense, {"emb": self.embed_dim}, self.n_fields, self.n_dense)
         x0 = flatten_inputs(acts["emb"], dense)
         k = x0.shape[1]
@@ -55,5 +63,6 @@ class DCN(nn.Module):
         for layer in range(self.cross_layers):
             x = cross_layer(x0, x, w[layer], b[layer])
         if self.deep_mlp:
-            x = jnp.concatenate([x, MLP(self.deep_mlp, last_linear=False, name="deep")(x0)], 1)
+            x = jnp.concatenate([x, MLP(self.deep_mlp, last_linear=False, name="deep",
+                                        **self._mlp)(x0, train)], 1)
         return nn.Dense(1, name="out")(x)[:, 0]

@@ -10,7 +10,7 @@ import jax
 from recjax.features import FeatureSpec
 from recjax.models.config import ModelConfig
 from recjax.models.lr import dense_linear
-from recjax.models.ops import MLP, check_inputs, first_order, flatten_inputs, fm_second_order
+from recjax.models.ops import MLP, check_inputs, first_order, flatten_inputs, fm_second_order, mlp_options
 
 
 class DeepFM(nn.Module):
@@ -33,19 +33,28 @@ class DeepFM(nn.Module):
     n_dense: int  # number of dense features (may be 0)
     embed_dim: int  # D
     deep_mlp: tuple[int, ...]  # hidden widths of the deep tower
+    dropout: float = 0.0  # dropout after every hidden MLP layer (model.dropout)
+    batch_norm: bool = False  # batch norm in every hidden MLP layer (model.batch_norm)
+    bn_momentum: float = 0.9  # running-average decay of the batch norms
     GROUPS: ClassVar[tuple[str, ...]] = ("wide", "emb")
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, spec: FeatureSpec) -> DeepFM:
         return cls(n_fields=spec.n_fields, n_dense=spec.n_dense, embed_dim=cfg.embed_dim,
-                   deep_mlp=cfg.deep_mlp)
+                   deep_mlp=cfg.deep_mlp, **mlp_options(cfg))
+
+    @property
+    def _mlp(self) -> dict:
+        return dict(dropout=self.dropout, batch_norm=self.batch_norm, bn_momentum=self.bn_momentum)
 
     @nn.compact
-    def __call__(self, acts: dict[str, jax.Array], dense: jax.Array) -> jax.Array:
+    def __call__(self, acts: dict[str, jax.Array], dense: jax.Array,
+                 train: bool = False) -> jax.Array:
         check_inputs("deepfm", acts, dense, {"wide": 1, "emb": self.embed_dim},
                      self.n_fields, self.n_dense)
         emb = acts["emb"]
         y_fm = (first_order(acts["wide"]) + dense_linear(self, dense, self.n_dense)
                 + fm_second_order(emb))
-        y_dnn = MLP((*self.deep_mlp, 1), name="deep")(flatten_inputs(emb, dense))
+        y_dnn = MLP((*self.deep_mlp, 1), name="deep", **self._mlp)(flatten_inputs(emb, dense),
+                                                                   train)
         return y_fm + y_dnn[:, 0]

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from recjax.features import FeatureSpec
 from recjax.models.config import ModelConfig
-from recjax.models.ops import MLP, check_inputs, dot_interaction
+from recjax.models.ops import MLP, check_inputs, dot_interaction, mlp_options
 
 
 class DLRM(nn.Module):
@@ -41,6 +41,9 @@ class DLRM(nn.Module):
     bottom_mlp: tuple[int, ...]  # hidden widths; the bottom is bottom_mlp + (embed_dim,)
     top_mlp: tuple[int, ...]  # hidden widths; the top is top_mlp + (1,)
     interaction_self: bool = False  # include the i == j pairs
+    dropout: float = 0.0  # dropout after every hidden MLP layer (model.dropout)
+    batch_norm: bool = False  # batch norm in every hidden MLP layer (model.batch_norm)
+    bn_momentum: float = 0.9  # running-average decay of the batch norms
     GROUPS: ClassVar[tuple[str, ...]] = ("emb",)
 
     @classmethod
@@ -52,17 +55,23 @@ class DLRM(nn.Module):
                 "fields or set model.interaction_self=true")
         return cls(n_fields=spec.n_fields, n_dense=spec.n_dense, embed_dim=cfg.embed_dim,
                    bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp,
-                   interaction_self=cfg.interaction_self)
+                   interaction_self=cfg.interaction_self, **mlp_options(cfg))
+
+    @property
+    def _mlp(self) -> dict:
+        return dict(dropout=self.dropout, batch_norm=self.batch_norm, bn_momentum=self.bn_momentum)
 
     @nn.compact
-    def __call__(self, acts: dict[str, jax.Array], dense: jax.Array) -> jax.Array:
+    def __call__(self, acts: dict[str, jax.Array], dense: jax.Array,
+                 train: bool = False) -> jax.Array:
         check_inputs("dlrm", acts, dense, {"emb": self.embed_dim}, self.n_fields, self.n_dense)
         emb = acts["emb"]
         if self.n_dense > 0:
-            x = MLP((*self.bottom_mlp, self.embed_dim), last_linear=False, name="bottom")(dense)
+            x = MLP((*self.bottom_mlp, self.embed_dim), last_linear=False, name="bottom",
+                    **self._mlp)(dense, train)
             z = dot_interaction(jnp.concatenate([x[:, None, :], emb], axis=1),
                                 self.interaction_self)
             top_in = jnp.concatenate([x, z], axis=1)
         else:
             top_in = dot_interaction(emb, self.interaction_self)
-        return MLP((*self.top_mlp, 1), name="top")(top_in)[:, 0]
+        return MLP((*self.top_mlp, 1), name="top", **self._mlp)(top_in, train)[:, 0]

@@ -254,28 +254,53 @@ def dense_dot_general(x, kernel, dimension_numbers, precision=None,
 
 
 class MLP(nn.Module):
-    """A stack of Dense layers with ReLU between them.
+    """A stack of Dense layers with ReLU between them, optionally with batch norm and dropout.
 
     Parameters are named ``layer_0 .. layer_{n-1}``, each ``{"kernel": [in, out], "bias": [out]}``
     (Flax defaults: LeCun-normal kernels, zero biases). An MLP with no layers is the identity.
+
+    A *hidden* layer is one followed by a ReLU (every layer but a linear last one). With
+    ``batch_norm`` a hidden layer is ``Dense -> BatchNorm -> ReLU`` (``bn_i``: ``scale``, ``bias``
+    params and ``mean``, ``var`` running averages in the ``batch_stats`` collection); with
+    ``dropout > 0`` a `nn.Dropout` follows its ReLU: FuxiCTR's ``MLP_Block`` order
+    (fuxictr/pytorch/layers/blocks/mlp_block.py: Linear, BatchNorm1d, activation, Dropout).
+    Neither touches the output layer. With both off the module is exactly the plain stack
+    (same parameters, same arithmetic).
 
     Attributes:
       features: output width of each layer.
       last_linear: no ReLU after the last layer (an output layer producing logits); False for
         a tower whose output feeds another layer (DLRM bottom, DCN deep tower).
+      dropout: rate of the dropout after each hidden layer's ReLU (0 = none).
+      batch_norm: batch norm between each hidden layer's Dense and its ReLU.
+      bn_momentum: running-average decay of the batch norms.
     """
 
     features: tuple[int, ...]
     last_linear: bool = True
+    dropout: float = 0.0
+    batch_norm: bool = False
+    bn_momentum: float = 0.9
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         n = len(self.features)
         for i, width in enumerate(self.features):
             x = nn.Dense(width, dot_general=dense_dot_general, name=f"layer_{i}")(x)
             if i < n - 1 or not self.last_linear:
+                if self.batch_norm:
+                    # eps 1e-5 as PyTorch's BatchNorm1d (FuxiCTR); Flax's default is 1e-6.
+                    x = nn.BatchNorm(use_running_average=not train, momentum=self.bn_momentum,
+                                     epsilon=1e-5, name=f"bn_{i}")(x)
                 x = nn.relu(x)
+                if self.dropout > 0:
+                    x = nn.Dropout(self.dropout, deterministic=not train)(x)
         return x
+
+
+def mlp_options(cfg) -> dict:
+    """The `MLP` keyword arguments a `ModelConfig` sets (dropout, batch norm)."""
+    return dict(dropout=cfg.dropout, batch_norm=cfg.batch_norm, bn_momentum=cfg.bn_momentum)
 
 
 def flatten_inputs(emb: jax.Array, dense: jax.Array) -> jax.Array:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from recjax.config import Config
+from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import cached, holdout_split
@@ -74,7 +75,7 @@ def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
                "multi_hot_len": cfg.data.multi_hot_len, "raw_ids": cfg.embed.store == "lru"}
     source = open_source(spec, **options)
-    if cfg.data.cache_dir:
+    if cfg.data.cache_dir and not isinstance(source, ArraySource):  # arrays: in memory already
         source = DiskCachedSource(source, cfg.data.cache_dir, options)
     return cached(source, cfg.data.cache_rows)
 

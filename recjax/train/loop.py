@@ -21,11 +21,12 @@ from recjax.batch import Batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
-from recjax.runlog import MetricsWriter
+from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract, signals
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
+from recjax.train.early_stop import EarlyStopper
 from recjax.train.setup import build
-from recjax.train.step import StepMetrics, TrainState, jit_predict, jit_train_step
+from recjax.train.step import StepMetrics, TrainState, eval_params, jit_predict, jit_train_step
 
 
 class Strategy(Protocol):
@@ -146,6 +147,15 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
+    epoch_ckpts = contract.epoch_checkpoints(total_steps)
+    stopper = EarlyStopper.from_config(cfg, checkpoints)  # None unless early stop / keep_best
+
+    def save_best(best_ckpt) -> None:
+        nonlocal paused
+        t = time.perf_counter()
+        contract.save(best_ckpt, cfg, strategy.unshard(state), progress, t - t0)
+        paused += time.perf_counter() - t
+
     prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
                           depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
@@ -171,17 +181,23 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                                   "examples": step * tc.batch_size, "loss": s["loss"],
                                   "train_ne_window": contract.ne_from_sums(s),
                                   "train_ne": contract.ne_from_sums(progress.totals),
+                                  **contract.window_sums(s),
                                   "examples_per_sec": rate, "wall": progress.wall_seconds + now - t0})
                 bar.update(step - bar.n)
                 window, t_log, log_from = [], time.perf_counter(), step
             if tc.eval_every and step % tc.eval_every == 0 and step < stop_at:
                 t = time.perf_counter()
-                ev, _ = contract.evaluate(cfg, data, predict, state.params, state.tables)
+                ev, _ = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
                 writer.write({"kind": "eval", "step": step, **ev})
                 paused += time.perf_counter() - t
+                if stopper is not None and stopper.update(step, ev):
+                    stopper.save_best(save_best)
                 t_log = time.perf_counter()
+                if stopper is not None and stopper.should_stop:
+                    stopper.stopped_at = step
+                    break
             if ckpt and step < stop_at and ((tc.ckpt_every and step % tc.ckpt_every == 0)
-                                            or step % steps_per_epoch == 0):
+                                            or (epoch_ckpts and step % steps_per_epoch == 0)):
                 save(step)
                 t_log = time.perf_counter()
             if signals.requested():  # read between steps: the state is whole (item 7)
@@ -204,9 +220,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                      else "no checkpoint was written"))
     elif window:
         progress.add(contract.sum_metrics(window, step, ckpt))
-    if interrupted or step < total_steps:
+    early = stopper is not None and stopper.stopped_at is not None
+    if interrupted or (step < total_steps and not early):
         if ckpt:
             ckpt.close()
+        if stopper is not None:
+            stopper.close()
         writer.close()
         # without checkpoints (no --out, or a multi-process run) there is nothing to resume
         print(f"stopped at step {step}/{total_steps}"
@@ -215,8 +234,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             raise KeyboardInterrupt
         return {"stopped_at": step, "steps": step}
 
-    ev, preds = contract.evaluate(cfg, data, predict, state.params, state.tables)
+    ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
     writer.write({"kind": "eval", "step": step, **ev})
+    if counters := strategy.summary():  # the algorithm's counters, as host-async runs record them
+        writer.write({"kind": "counters", "step": step, **flat_scalars(counters)})
+    if stopper is not None and not early and stopper.update(step, ev):
+        stopper.save_best(save_best)
     final = strategy.unshard(state)
     summary = contract.build_summary(
         cfg, data, final, progress, ev, start_step=start_step,
@@ -224,10 +247,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         train_seconds=train_seconds_before + seg_seconds,
         timed_steps=timed_before + (step - first_step if t_first else 0),
         last_loss=float(jax.device_get(m.loss)) if step > start_step else None,
-        extra=strategy.summary())
+        extra=strategy.summary() | (stopper.summary() if stopper is not None else {}))
     contract.write_summary(cfg, summary, preds)
     if ckpt:
         ckpt.close()
+    if stopper is not None:
+        stopper.close()
     writer.close()
     return summary | {"final_state": state}
 

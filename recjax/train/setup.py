@@ -11,27 +11,35 @@ from recjax.config import Config, DenseOptimConfig
 from recjax.embeddings import init_tables, make_layout, make_sparse_optimizer
 from recjax.features import FeatureSpec
 from recjax.models import build_model, embedding_groups
+from recjax.train.features import check_features, table_dims
+from recjax.train.schedules import dense_schedule
 from recjax.train.step import Model, TrainState
 
 
 def make_dense_tx(cfg: DenseOptimConfig) -> optax.GradientTransformation:
-    """The dense optimizer as an optax chain (optional global-norm clipping first)."""
+    """The dense optimizer as an optax chain (optional global-norm clipping first), its learning
+    rate under ``cfg.lr_schedule`` (recjax/train/schedules.py)."""
+    lr = dense_schedule(cfg)  # the float dense.lr itself unless a schedule or warm-up is set
     if cfg.name == "sgd":
-        tx = optax.sgd(cfg.lr)
+        tx = optax.sgd(lr)
     elif cfg.name == "momentum":
-        tx = optax.sgd(cfg.lr, momentum=cfg.b1)
+        tx = optax.sgd(lr, momentum=cfg.b1)
     elif cfg.name == "adam":
-        tx = optax.adam(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
+        tx = optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps)
     elif cfg.name == "adamw":
-        tx = optax.adamw(cfg.lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        tx = optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
     else:
-        tx = optax.adagrad(cfg.lr, eps=cfg.eps)
+        tx = optax.adagrad(lr, eps=cfg.eps)
     return optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx) if cfg.clip_norm > 0 else tx
 
 
 def make_model(cfg: Config, spec: FeatureSpec) -> Model:
-    layout = make_layout(spec, embedding_groups(cfg.model), pooling=cfg.embed.pooling)
-    return Model(module=build_model(cfg.model, spec), layout=layout, microbatches=cfg.train.microbatches)
+    check_features(cfg)
+    dims = (table_dims(cfg.embed.dims, dict.fromkeys(f.table for f in spec.fields),
+                       cfg.model.embed_dim) if cfg.embed.dims else None)
+    layout = make_layout(spec, embedding_groups(cfg.model), pooling=cfg.embed.pooling, dims=dims)
+    return Model(module=build_model(cfg.model, spec), layout=layout,
+                 microbatches=cfg.train.microbatches, seed=cfg.train.seed)
 
 
 def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt) -> TrainState:
@@ -39,12 +47,14 @@ def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt) -> 
     b = 2
     acts = {g: jnp.zeros((b, spec.n_fields, d), jnp.float32) for g, d in model.layout.groups}
     dense = jnp.zeros((b, spec.n_dense), jnp.float32)
-    params = model.module.init(jax.random.PRNGKey(cfg.train.seed), acts, dense)["params"]
+    variables = model.module.init(jax.random.PRNGKey(cfg.train.seed), acts, dense)
+    params = variables["params"]
     scale = cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
     tables = {k: jnp.asarray(v) for k, v in init_tables(model.layout, cfg.train.seed, scale,
                                                            by_id=cfg.embed.init_by_id).items()}
     slots = {k: sparse_opt.init(v) for k, v in tables.items()}
-    return TrainState(jnp.asarray(0, jnp.int32), params, tx.init(params), tables, slots)
+    return TrainState(jnp.asarray(0, jnp.int32), params, tx.init(params), tables, slots,
+                      variables.get("batch_stats", ()))
 
 
 def build(cfg: Config, spec: FeatureSpec):

@@ -33,6 +33,9 @@ class TrainState(NamedTuple):
       opt_state: optax state of the dense optimizer.
       tables: ``name -> f32[V, Dg]`` embedding tables.
       slots: ``name -> sparse optimizer state`` beside each table's rows.
+      batch_stats: the running averages of the model's batch norms (flax ``batch_stats``
+        collection; ``model.batch_norm``); () without batch norm, so a state built by code
+        that does not know this field (5 positional fields) is a model without it.
     """
 
     step: jax.Array
@@ -40,6 +43,37 @@ class TrainState(NamedTuple):
     opt_state: Any
     tables: dict
     slots: dict
+    batch_stats: Any = ()
+
+
+class DenseVars(NamedTuple):
+    """Dense parameters with the batch-norm running averages: what a model with batch norm
+    needs to predict. Pass it where ``params`` go (`Model.logits`, `predict`, a strategy's
+    ``predict``); `eval_params` makes it from a state.
+
+    Attributes:
+      params: the flax ``params`` collection.
+      batch_stats: the flax ``batch_stats`` collection.
+    """
+
+    params: Any
+    batch_stats: Any
+
+
+def eval_params(state: TrainState):
+    """What `predict` takes as ``params`` for this state: the params, or `DenseVars` when the
+    model has batch-norm running averages."""
+    return DenseVars(state.params, state.batch_stats) if state.batch_stats else state.params
+
+
+# Salt of the dropout keys, so they never coincide with the init key PRNGKey(seed).
+_DROPOUT_SALT = 0x64726F70  # "drop"
+
+
+def step_rng(seed: int, step: jax.Array) -> jax.Array:
+    """The dropout key of global step ``step``: a pure function of (seed, step), so a resumed
+    run draws the masks an uninterrupted one would (no key in the train state)."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), _DROPOUT_SALT), step)
 
 
 class StepMetrics(NamedTuple):
@@ -70,14 +104,48 @@ class Model:
       microbatches: run the dense forward/backward as a loop over this many slices of the
         batch (see `loss_and_grads`); 1 = the whole batch at once; 0 = auto
         (`resolve_microbatches`).
+      seed: seed of the dropout keys (`step_rng`; ``train.seed``).
     """
 
     module: Any
     layout: EmbeddingLayout
     microbatches: int = 0
+    seed: int = 0
+
+    @property
+    def batch_norm(self) -> bool:
+        """The module keeps batch-norm statistics (a mutable ``batch_stats`` collection)."""
+        return bool(getattr(self.module, "batch_norm", False))
+
+    @property
+    def dropout(self) -> bool:
+        return getattr(self.module, "dropout", 0.0) > 0
+
+    @property
+    def train_mode(self) -> bool:
+        """Training differs from eval (dropout or batch norm): steps must use
+        `loss_and_grads_train`."""
+        return self.batch_norm or self.dropout
 
     def logits(self, params, acts: dict, dense: jax.Array) -> jax.Array:
+        """Eval-mode logits: no dropout, batch norms on their running averages (``params`` is
+        then a `DenseVars`)."""
+        if isinstance(params, DenseVars):
+            return self.module.apply({"params": params.params, "batch_stats": params.batch_stats},
+                                     acts, dense)
         return self.module.apply({"params": params}, acts, dense)
+
+    def train_logits(self, params, batch_stats, acts: dict, dense: jax.Array, rng: jax.Array):
+        """Training-mode logits and the updated batch-norm averages: dropout masks drawn from
+        ``rng``, batch norms on the batch's statistics."""
+        variables = {"params": params}
+        kw = {"rngs": {"dropout": rng}} if self.dropout else {}
+        if not self.batch_norm:
+            return self.module.apply(variables, acts, dense, train=True, **kw), batch_stats
+        variables["batch_stats"] = batch_stats
+        logits, new = self.module.apply(variables, acts, dense, train=True,
+                                        mutable=["batch_stats"], **kw)
+        return logits, new["batch_stats"]
 
 
 def per_example_logloss(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -109,6 +177,10 @@ def resolve_microbatches(m: int, b: int, backend: str | None = None) -> int:
 def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     """Loss, logits and gradients w.r.t. the dense params and the activations.
 
+    For a model whose training differs from its eval (``model.train_mode``: dropout, batch
+    norm) use `loss_and_grads_train`; this one refuses such a model rather than silently train
+    it in eval mode.
+
     With m = ``resolve_microbatches(model.microbatches, b)`` > 1, the batch is cut into m equal
     slices and a `lax.fori_loop` accumulates ``grad(mean_slice / m)``: the same gradient as one pass
     over the batch (only the float summation order differs), but each slice's MLP activations
@@ -124,16 +196,57 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
     Returns:
       ((loss, logits), (g_params, g_acts)); ``g_acts`` has the shapes of ``acts``.
     """
-    b = batch.label.shape[0]
-    m = resolve_microbatches(model.microbatches, b)
+    if getattr(model, "train_mode", False):
+        raise ValueError("this model has dropout or batch norm (model.dropout / model.batch_norm); "
+                         "its training step must call loss_and_grads_train (the algorithms that "
+                         "do: --algo single, sync)")
+    return _loss_and_grads(model, params, acts, batch, None, None)[:2]
 
-    def loss_fn(p, a, dense, label):
+
+def loss_and_grads_train(model: Model, params, batch_stats, acts: dict, batch: Batch,
+                         rng: jax.Array):
+    """`loss_and_grads` in training mode: dropout masks from ``rng`` (slice i of a microbatched
+    step from ``fold_in(rng, i)``), batch norms on the batch statistics.
+
+    Batch norm needs the whole batch in one pass (its statistics are the batch's), so a model
+    with batch norm runs unsliced under ``train.microbatches=0`` and refuses an explicit m > 1.
+
+    Returns:
+      ``((loss, logits), (g_params, g_acts), new_batch_stats)``.
+    """
+    return _loss_and_grads(model, params, acts, batch, batch_stats, rng)
+
+
+def _loss_and_grads(model, params, acts, batch, batch_stats, rng):
+    train = rng is not None
+    b = batch.label.shape[0]
+    if train and model.batch_norm:
+        if model.microbatches > 1:
+            raise ValueError(f"model.batch_norm needs the whole batch in one pass; "
+                             f"train.microbatches={model.microbatches} would normalise each "
+                             "slice alone. Set train.microbatches=0 (auto) or 1")
+        m = 1
+    else:
+        m = resolve_microbatches(model.microbatches, b)
+
+    def loss_fn(p, a, dense, label, key=None):
+        if train:
+            logits, stats = model.train_logits(p, batch_stats, a, dense, key)
+            return bce_loss(logits, label) / m, (logits, stats)
         logits = model.logits(p, a, dense)
         return bce_loss(logits, label) / m, logits
 
     grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
     if m == 1:
+        if train:
+            (loss, (logits, stats)), grads = grad_fn(params, acts, batch.dense, batch.label, rng)
+            return (loss, logits), grads, stats
         return grad_fn(params, acts, batch.dense, batch.label)
+    if train:  # dropout only (batch norm runs unsliced): slice i draws from fold_in(rng, i)
+        plain = loss_fn
+        loss_fn = lambda p, a, dense, label, i=0: (  # noqa: E731
+            lambda out: (out[0], out[1][0]))(plain(p, a, dense, label, jax.random.fold_in(rng, i)))
+        grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
 
     if b % m:
         raise ValueError(f"batch of {b} does not split into train.microbatches={m} equal slices")
@@ -160,13 +273,14 @@ def loss_and_grads(model: Model, params, acts: dict, batch: Batch):
 
     def body(i, carry):
         loss, g_params, grads, logits = carry
-        (part, lg), (gp, ga) = grad_fn(params, take(grads, i), dense_s[i], label_s[i])
+        (part, lg), (gp, ga) = grad_fn(params, take(grads, i), dense_s[i], label_s[i],
+                                       *((i,) if train else ()))
         return (loss + part, jax.tree.map(jnp.add, g_params, gp), put(grads, ga, i),
                 jax.lax.dynamic_update_index_in_dim(logits, lg.astype(logits.dtype), i, 0))
 
     loss, g_params, grads, logits = jax.lax.fori_loop(1, m, body, (loss, g_params, grads, logits))
     g_params = jax.tree.map(lambda g, ax: jax.lax.psum(g, ax) if ax else g, g_params, sum_over)
-    return (loss, unsplit(logits)), (g_params, jax.tree.map(unsplit, grads))
+    return (loss, unsplit(logits)), (g_params, jax.tree.map(unsplit, grads)), batch_stats
 
 
 def _defer_psum(loss_of_params, params):
@@ -206,15 +320,20 @@ def train_step(model: Model, tx: optax.GradientTransformation, opt: SparseOptimi
                state: TrainState, batch: Batch) -> tuple[TrainState, StepMetrics]:
     """One synchronous step on one device: the reference every distributed form must match."""
     acts = lookup(model.layout, state.tables, batch.ids, batch.mask)
-    (loss, logits), (g_params, g_acts) = loss_and_grads(model, state.params, acts, batch)
+    if model.train_mode:
+        (loss, logits), (g_params, g_acts), stats = loss_and_grads_train(
+            model, state.params, state.batch_stats, acts, batch, step_rng(model.seed, state.step))
+    else:
+        (loss, logits), (g_params, g_acts) = loss_and_grads(model, state.params, acts, batch)
+        stats = state.batch_stats
     params, opt_state = apply_dense(tx, state.params, state.opt_state, g_params)
     tables, slots = apply_sparse(model, opt, state.tables, state.slots, batch, g_acts, state.step)
-    new = TrainState(state.step + 1, params, opt_state, tables, slots)
+    new = TrainState(state.step + 1, params, opt_state, tables, slots, stats)
     return new, step_metrics(loss, logits, batch.label)
 
 
 def predict(model: Model, params, tables: dict, batch: Batch) -> jax.Array:
-    """Logits of a batch (eval)."""
+    """Logits of a batch (eval); ``params`` as `eval_params` gives them."""
     acts = lookup(model.layout, tables, batch.ids, batch.mask)
     return model.logits(params, acts, batch.dense)
 

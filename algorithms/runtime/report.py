@@ -1,0 +1,289 @@
+"""What a host-async run shows while it runs: the single trainer's outputs, from the roles.
+
+`recjax.train.loop` reports a run as it goes (progress bar, ``kind: train`` records every
+``train.log_every`` steps with the loss, the window's and the whole run's Train NE and the rate,
+``kind: eval`` records every ``train.eval_every`` steps, TensorBoard mirrors of both). A
+`Reporter` gives the host-async engine (``engine.py``) the same outputs through the same
+`recjax.runlog.MetricsWriter`, plus ``kind: counters`` records of the algorithm's own counters
+(staleness, sync gap, bytes, dropped gradients) at every train record, so that a run that goes
+wrong shows *when* (issue 15).
+
+When it looks:
+
+* virtual clock (``--deterministic``): after every event (`clock.run_virtual`'s ``on_event``),
+  when every role is suspended at a yield. Records and evals land exactly on the multiples of
+  ``log_every`` / ``eval_every`` that the global step reaches, evaluation takes no virtual
+  time, and nothing the roles read is written, so a run with evals is bit-identical to one
+  without (tests/test_reporting.py).
+* threads: every poll of the main thread (`ThreadGroup.wait`, 50 ms). Each role runs through a
+  gate (`Reporter.wrap`): before a record or an eval the main thread closes the gate and waits
+  until no role is between two yields, so what it reads (dense params and PS tables together)
+  is one consistent state; the paused time is taken out of the throughput. A record lands on
+  the first step the poll sees at or past the multiple.
+
+The Train NE of a record is ShadowSync Eq. 2 over every batch scored so far (each batch scored
+before its update, Sec. 4), the same sums summary.json's ``train_ne`` is built from: the last
+record, written by `Reporter.final`, equals it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from tqdm.auto import tqdm
+
+from recjax.runlog import MetricsWriter, flat_scalars
+from recjax.train import contract
+from recjax.train.step import StepMetrics
+
+_PROGRESS_S = 1.0  # threads: a ``kind: progress`` record (iterations so far) this often
+
+
+def rate_key(virtual: bool) -> str:
+    """The name of a throughput: a modelled rate on the virtual clock is not a measured one."""
+    return "examples_per_virtual_sec" if virtual else "examples_per_sec"
+
+
+def _sums(ms: list) -> dict:
+    """StepMetrics field sums of `ms` (float64), and the mean of their batch losses as ``loss``."""
+    host = jax.device_get(ms)
+    s = {k: float(sum(float(getattr(m, k)) for m in host)) for k in StepMetrics._fields}
+    s["loss"] = s["loss"] / len(host)
+    return s
+
+
+class Reporter:
+    """The progress bar, metrics.jsonl / TensorBoard records and mid-run evals of one segment.
+
+    Args:
+      rt: the run's `engine.Runtime` (config, data, PS, progress carried across segments).
+      workers: the `engine.Worker`\\ s, whose ``counters.metrics`` hold every scored batch.
+      step: ``() -> global step reached`` (cheap: called after every virtual event); default
+        the start step plus the workers' iterations (one global step each).
+      snapshot: ``() -> (dense params, opt state, global step)`` of the model to evaluate
+        (None: no mid-run evals).
+      counters: ``() -> dict`` of the algorithm's counters so far (nested dicts are flattened).
+    """
+
+    def __init__(self, rt: Any, workers: list, step: Callable[[], int] | None = None,
+                 snapshot: Callable[[], tuple] | None = None,
+                 counters: Callable[[], dict] | None = None):
+        cfg, tc = rt.cfg, rt.cfg.train
+        self.rt, self.workers, self.tc = rt, list(workers), tc
+        self.step = step or (lambda: rt.start_step + sum(w.counters.iterations for w in self.workers))
+        self.snapshot, self.counters = snapshot, counters or dict
+        self.on_wait: Callable[[], None] = lambda: None  # called while roles are being held
+        self.virtual = bool(tc.deterministic)
+        self.rate = rate_key(self.virtual)
+        self.writer = MetricsWriter(tc.out, tc.tensorboard, append=rt.resuming)
+        self.bar = tqdm(total=rt.total_steps, initial=rt.start_step, disable=not tc.progress,
+                        unit="step", dynamic_ncols=True,
+                        desc=f"{tc.algo} {cfg.model.name} on {cfg.data.train}")
+        self.seen = [0] * len(self.workers)  # metrics of each worker already in a record
+        self.segment = dict.fromkeys(StepMetrics._fields, 0.0)  # sums recorded this segment
+        self.next_log = self._after(rt.start_step, tc.log_every)
+        self.next_eval = self._after(rt.start_step, tc.eval_every) if tc.eval_every else None
+        self.last_step, self.last_t = rt.start_step, 0.0
+        self.t_start = time.perf_counter()
+        self.paused = 0.0  # threads: seconds the roles were held for records and evals
+        self._t_progress = self.t_start
+        self._seen_step = rt.start_step
+        # the gate (threads): roles between two yields, and whether the main thread holds them
+        self._cond = threading.Condition()
+        self._active = 0
+        self._hold = False
+        self._stop: threading.Event | None = None
+
+    @staticmethod
+    def _after(step: int, every: int) -> int:
+        return (step // every + 1) * every
+
+    # -- the two interpreters' hooks ---------------------------------------------------------
+    def on_event(self, now: float) -> None:
+        """Virtual clock: called after every event, with the virtual time."""
+        s = self.step()
+        if s == self._seen_step:
+            return
+        self._seen_step = s
+        self.bar.update(s - self.bar.n)
+        self._due(s, now)
+
+    def on_poll(self) -> None:
+        """Threads: called by the main thread every poll interval."""
+        now = time.perf_counter()
+        if now - self._t_progress >= _PROGRESS_S:
+            self._t_progress = now
+            self.writer.write({"kind": "progress", "wall": now - self.rt.t0,
+                               "iterations": sum(w.counters.iterations for w in self.workers)})
+        s = self.step()
+        self.bar.update(s - self.bar.n)
+        if self._hold or self._log_due(s) or self._eval_due(s):
+            self._hold_roles()
+            try:
+                self._due(self.step(), self._seconds())
+            finally:
+                self._release_roles()
+
+    def _seconds(self) -> float:
+        """Training seconds of this segment so far (threads: without the held time)."""
+        return time.perf_counter() - self.t_start - self.paused
+
+    def _log_due(self, s: int) -> bool:
+        return s >= self.next_log and s < self.rt.total_steps
+
+    def _eval_due(self, s: int) -> bool:
+        return (self.next_eval is not None and self.snapshot is not None and s >= self.next_eval
+                and s < self.rt.total_steps)
+
+    def _due(self, s: int, t: float) -> None:
+        # the run's last step is recorded by `final`, from the sums summary.json is built from
+        if self._log_due(s):
+            self._record(s, t, self._window())
+            self.next_log = self._after(s, self.tc.log_every)
+        if self._eval_due(s):
+            self._evaluate()
+            self.next_eval = self._after(s, self.tc.eval_every)
+
+    # -- records -----------------------------------------------------------------------------
+    def _window(self, final: bool = False) -> list:
+        """The scored batches of the iterations completed since the last record, worker by
+        worker (a worker scores a batch before its iteration completes: the batches in flight
+        go into the next record); `final`: every batch scored."""
+        ms = []
+        for i, w in enumerate(self.workers):
+            got = w.counters.metrics
+            n = len(got) if final else min(w.counters.iterations, len(got))
+            ms.extend(got[self.seen[i]:n])
+            self.seen[i] = max(n, self.seen[i])
+        return ms
+
+    def _record(self, s: int, t: float, ms: list, run_totals: dict | None = None,
+                extra: dict | None = None) -> None:
+        """A ``train`` record at step `s` (then a ``counters`` record) from the batches `ms`."""
+        rt, tc = self.rt, self.tc
+        rec = {"kind": "train", "step": s, "epoch": (s - 1) // max(rt.steps_per_epoch, 1),
+               "examples": s * tc.batch_size}
+        if ms:
+            w = _sums(ms)
+            contract.check_finite(w, f"in steps {self.last_step + 1}-{s}", rt.ckpt)
+            for k in StepMetrics._fields:
+                self.segment[k] += w[k]
+            rec.update(loss=w["loss"], train_ne_window=contract.ne_from_sums(w),
+                       **contract.window_sums(w))
+        if run_totals is None:
+            run_totals = {k: rt.progress.totals[k] + self.segment[k] for k in StepMetrics._fields}
+        if run_totals["count"]:
+            rec["train_ne"] = contract.ne_from_sums(run_totals)
+        rec[self.rate] = (s - self.last_step) * tc.batch_size / max(t - self.last_t, 1e-12)
+        rec["wall"] = rt.progress.wall_seconds + time.perf_counter() - rt.t0
+        if self.virtual:
+            rec["virtual_seconds"] = t
+        self.writer.write(rec)
+        counters = flat_scalars(self._counters(extra))
+        self.writer.write({"kind": "counters", "step": s, **counters})
+        if "train_ne" in rec:
+            unit = "ex/vs" if self.virtual else "ex/s"
+            self.bar.set_postfix({"loss": f"{rec.get('loss', float('nan')):.4f}",
+                                  "ne": f"{rec['train_ne']:.4f}",
+                                  unit: f"{rec[self.rate]:,.0f}"}, refresh=False)
+        self.last_step, self.last_t = s, t
+
+    def _counters(self, extra: dict | None = None) -> dict:
+        """The engine's counters every algorithm has, then the algorithm's own (`extra`, or
+        the live ones)."""
+        ws = self.workers
+        return {"worker_iterations": sum(w.counters.iterations for w in ws),
+                "embedding_bytes": int(sum(sum(w.counters.shard_bytes) for w in ws)),
+                **(self.counters() if extra is None else extra)}
+
+    def _evaluate(self) -> None:
+        """Evaluate the model as it is now (dense params and PS tables of one moment)."""
+        rt = self.rt
+        params, _, s = self.snapshot()
+        tables = None if rt.ps.lru else rt.ps.snapshot()[0]
+        ev, _ = contract.evaluate(rt.cfg, rt.data, rt._predict(), params, tables)
+        self.writer.write({"kind": "eval", "step": int(s), **ev})
+
+    def final(self, step: int, seconds: float, ev: dict, extra: dict) -> None:
+        """The segment's last records: train (the Train NE of summary.json), counters, eval;
+        the algorithm's counters on screen. Call after ``rt.progress`` took the segment's sums."""
+        self.bar.update(step - self.bar.n)
+        self.bar.close()
+        self._record(step, seconds, self._window(final=True), run_totals=self.rt.progress.totals,
+                     extra=extra)
+        self.writer.write({"kind": "eval", "step": step, **ev})
+        self.close()
+        if not self.tc.progress:
+            return
+        shown = {k: v for k, v in flat_scalars(extra).items() if ".histogram." not in k}
+        if shown:
+            per = " (rates per virtual second)" if self.virtual else ""
+            print(f"{self.tc.algo} counters{per}:")
+            for k, v in shown.items():
+                print(f"  {k:>36}  {v:.6g}" if isinstance(v, float) else f"  {k:>36}  {v}")
+
+    def close(self) -> None:
+        self.bar.close()
+        self.writer.close()
+
+    # -- the gate (threads) ------------------------------------------------------------------
+    def bind(self, stop: threading.Event) -> None:
+        """The run's stop flag: a held or holding thread gives up when it is set."""
+        self._stop = stop
+
+    def wrap(self, role):
+        """`role` behind the gate: it runs between two yields only while the gate is open."""
+        value = None
+        try:
+            while True:
+                if not self._enter():  # the run is stopping: no more of this role's code
+                    return
+                try:
+                    effect = role.send(value)
+                except StopIteration:
+                    return
+                finally:
+                    self._leave()
+                value = yield effect
+        finally:
+            role.close()
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _enter(self) -> bool:
+        """Wait while the gate is closed; False if the run stops meanwhile."""
+        with self._cond:
+            if not self._hold:  # a record is due: stop here until the main thread took it
+                s = self.step()
+                self._hold = self._log_due(s) or self._eval_due(s)
+            while self._hold and not self._stopping():
+                self._cond.wait(0.05)
+            if self._hold:
+                return False
+            self._active += 1
+            return True
+
+    def _leave(self) -> None:
+        with self._cond:
+            self._active -= 1
+            self._cond.notify_all()
+
+    def _hold_roles(self) -> None:
+        t = time.perf_counter()
+        with self._cond:
+            self._hold = True
+            while self._active and not self._stopping():
+                self.on_wait()  # the engine's watchdog: a stuck role never goes idle
+                self._cond.wait(0.05)
+        self._held_at = t
+
+    def _release_roles(self) -> None:
+        with self._cond:
+            self._hold = False
+            self._cond.notify_all()
+        self.paused += time.perf_counter() - self._held_at
