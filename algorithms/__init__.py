@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 from algorithms import async_ps, gba, shadowsync
+from algorithms.runtime.engine import HOST_ASYNC, run_in_segments
 from recjax.config import Config
 from recjax.train import loop
 
@@ -45,6 +46,8 @@ def run(cfg: Config) -> dict:
         raise ValueError(f"--algo {cfg.train.algo} is not implemented yet; available: "
                          f"{', '.join(sorted(RUNNERS))}")
     try:
+        if cfg.train.algo in HOST_ASYNC:  # checkpoint to checkpoint (train.ckpt_every)
+            return run_in_segments(RUNNERS[cfg.train.algo], cfg)
         return RUNNERS[cfg.train.algo](cfg)
     finally:  # whatever happened, no Ray process of this run outlives it
         if "algorithms.runtime.ray_backend" in sys.modules:

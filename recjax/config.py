@@ -229,6 +229,8 @@ class RuntimeConfig:
       backend: how the roles run: threads (one process) | virtual (the virtual clock, one
         process; the same as --deterministic) | ray (PS shards and worker groups as Ray actor
         processes, on one box or a cluster: the ``ray`` section, docs/distributed.md).
+      watchdog_s: a role (threads, ray) that makes no progress for this many seconds is named,
+        its stack printed, and the run stopped with a checkpoint; 0 = no watchdog.
     """
 
     trainers: int = 2
@@ -242,8 +244,12 @@ class RuntimeConfig:
     profile_batches: int = 20
     emulate_links: bool = True
     backend: str = "threads"
+    watchdog_s: float = 300.0
 
     def __post_init__(self):
+        if self.watchdog_s < 0:
+            raise ValueError(f"runtime.watchdog_s must be >= 0 (0 = no watchdog), got "
+                             f"{self.watchdog_s}")
         if self.backend not in ("threads", "virtual", "ray"):
             raise ValueError(f"runtime.backend must be threads, virtual or ray, got "
                              f"{self.backend!r}")

@@ -35,6 +35,9 @@ def main(argv=None) -> int:
         print(f"error: {e}\n(run with --debug for the traceback)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        from recjax.train.signals import exit_quietly
+
+        exit_quietly(130)  # a further Ctrl-C while JAX shuts down: no atexit traceback
         print("interrupted; the last checkpoint (if --out was given) is intact", file=sys.stderr)
         return 130
     if "stopped_at" in summary:

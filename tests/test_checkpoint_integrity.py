@@ -159,7 +159,9 @@ def test_signals_during_a_save_wait_for_the_commit(tmp_path, monkeypatch, capfd,
         seen.append((signum, sorted(os.listdir(tmp_path / "checkpoints"))))
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, handler) if sig == signal.SIGTERM else None
+    # SIGINT: Python's own handler (KeyboardInterrupt), whatever an earlier test left installed
+    # (the suite has run with SIGINT ignored by then, and a held SIG_IGN is dropped, by design)
+    old = signal.signal(sig, handler if sig == signal.SIGTERM else signal.default_int_handler)
     try:
         def twice(_):
             signal.raise_signal(sig)
@@ -170,8 +172,7 @@ def test_signals_during_a_save_wait_for_the_commit(tmp_path, monkeypatch, capfd,
             ck.save(20, _state(20), {"note": 20})
         monkeypatch.undo()
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        signal.signal(sig, old)
     ck.close()
     if sig == signal.SIGTERM:  # delivered once, after the commit and the rotation
         assert seen == [(sig, ["20"])]
@@ -263,3 +264,41 @@ def test_metrics_jsonl_has_each_step_once_after_a_resume(tmp_path):
     for name in ("metrics.jsonl", "summary.json"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    """Item 11: a full disk during a save printed 35-41 orbax tracebacks. Now the save fails
+    with one OSError line naming the step and the directory, its temp directory is removed, and
+    the step before stays restorable; scripts/train.py prints it as one error line."""
+    import errno
+
+    from scripts import train
+
+    ck = _saved(tmp_path, [10], keep=1)
+    real = ck._mngr.save
+
+    def full(step, *a, **kw):
+        os.makedirs(tmp_path / "checkpoints" / f"{step}.orbax-checkpoint-tmp-123")
+        raise ValueError("tensorstore write failed") from OSError(errno.ENOSPC,
+                                                                   "No space left on device")
+
+    monkeypatch.setattr(ck._mngr, "save", full)
+    with pytest.raises(OSError, match=r"could not write checkpoint step 20 in .*No space left"):
+        ck.save(20, _state(20), {"note": 20})
+    monkeypatch.setattr(ck._mngr, "save", real)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["10"]
+    state, _ = ck.restore(_state(0))
+    ck.close()
+    _assert_same(state, _state(10))
+
+    def save(self, step, *a, **kw):
+        raise OSError(f"could not write checkpoint step {step} in {self.directory}: "
+                      "[Errno 28] No space left on device")
+
+    monkeypatch.setattr(Checkpointer, "save", save)
+    capsys.readouterr()
+    code = train.main(["--config", "smoke", "--steps", "4", "--out", str(tmp_path / "run"),
+                       "--train.progress=false"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert err.startswith("error: could not write checkpoint step 4 in ") and "No space" in err

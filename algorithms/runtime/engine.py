@@ -31,8 +31,10 @@ GBA's workers take ``B_a``-row entries and M of them are one global step.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -43,13 +45,14 @@ from algorithms.runtime import ps as ps_lib
 from algorithms.runtime import report, stragglers
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, Work, run_threaded, run_virtual
 from algorithms.runtime.supply import SharedList, StaticShards
+from algorithms.runtime.watchdog import Watchdog
 from recjax.concurrency import ThreadGroup
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached
 from recjax.data.synthetic import SyntheticSource
 from recjax.embeddings import lookup, row_gradients
 from recjax.features import FeatureSpec
-from recjax.train import contract
+from recjax.train import contract, signals
 from recjax.train.data import open_data, train_shuffle_buffer
 from recjax.train.setup import build, make_model
 from recjax.train.step import (
@@ -234,15 +237,19 @@ class Runtime:
                 capacity=cfg.embed.capacity, seed=tc.seed, init=_init_scale(cfg),
                 admit_probability=cfg.embed.admit_probability))
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
-        self.ckpt, state, self.progress = contract.open_run(cfg, state)
+        run_start = _SEGMENT.get()  # set when this goes on from the run's periodic checkpoint
+        self.resuming = tc.resume or run_start is not None
+        self.ckpt, state, self.progress = contract.open_run(cfg, state, resume=self.resuming)
         self.init_state = state
         self.start_step = int(state.step)
+        self.run_start = self.start_step if run_start is None else run_start
         self.steps_per_epoch = self.data.train_rows // tc.batch_size
-        self.total_steps = tc.steps or tc.epochs * self.steps_per_epoch
-        if tc.resume and self.start_step >= self.total_steps:
+        self.run_steps = tc.steps or tc.epochs * self.steps_per_epoch  # the run's last step
+        if tc.resume and self.start_step >= self.run_steps:
             raise ValueError(f"the checkpoint is at step {self.start_step}, which already reaches "
-                             f"the requested {self.total_steps} steps; raise --steps (or --epochs) "
+                             f"the requested {self.run_steps} steps; raise --steps (or --epochs) "
                              "to go on")
+        self.total_steps = self._segment_end()  # where the roles of this call stop
         self.stragglers = stragglers.parse(rc.stragglers, num_workers, tc.seed)
         self.example_cost = rc.example_cost_us * 1e-6
         bw = rc.bandwidth_gbps * 1e9 / 8
@@ -271,6 +278,26 @@ class Runtime:
         _, g, rg = self.grads(state.params, self.ps.pull(rows, admit=False), local)
         jax.block_until_ready(self.dense_apply(state.params, state.opt_state, g))
         self.ps.warm(rows, rg)
+
+    @property
+    def periodic(self) -> bool:
+        """Checkpoints every ``train.ckpt_every`` steps (`run_in_segments`)."""
+        return bool(self.cfg.train.ckpt_every and self.ckpt is not None)
+
+    def _segment_end(self) -> int:
+        """The step the roles run to: the run's last step, ``train.stop_after``, or with
+        periodic checkpoints the next multiple of ``train.ckpt_every`` (a tail shorter than
+        the workers joins the interval before it, so every worker gets a batch)."""
+        tc = self.cfg.train
+        end = self.run_steps
+        if self.periodic:
+            k = tc.ckpt_every
+            nxt = (self.start_step // k + 1) * k
+            if end - nxt >= self.num_workers:
+                end = nxt
+        if self.start_step < tc.stop_after < end:
+            end = tc.stop_after
+        return end
 
     def _make_ps(self, tables: dict, slots: dict, lru: dict | None) -> ps_lib.EmbeddingPS:
         """The embedding PS: shards in this process, or Ray actors (``--backend ray``)."""
@@ -353,6 +380,11 @@ class Runtime:
         segment of equal shares; after a Ctrl-C, workers resume at their average position.
         """
         remaining = self.total_steps - self.start_step
+        k, w = self.cfg.train.ckpt_every, self.num_workers
+        if self.periodic and k % w:
+            raise ValueError(f"--train.ckpt_every={k} must be a multiple of the {w} workers "
+                             f"(e.g. {k - k % w or w}): each interval gives every worker the "
+                             "same number of batches, so its shard goes on where it stopped")
         if remaining < self.num_workers:
             raise ValueError(f"{remaining} steps cannot feed {self.num_workers} workers; "
                              "raise --steps or lower --trainers / --workers-per-trainer")
@@ -409,7 +441,29 @@ class Runtime:
           step: ``() -> global step reached`` (default: start + the workers' iterations).
         """
         self.report = report.Reporter(self, workers, step, snapshot, counters)
+        # A role that makes no progress for runtime.watchdog_s is named, its stack printed, and
+        # the run stopped with a checkpoint (issue 16, item 10); threads only: on the virtual
+        # clock every role runs in this thread, between events.
+        dog = Watchdog([r.name for r in roles], self.cfg.runtime.watchdog_s)
+        if self.cfg.train.deterministic:
+            # Signals are read between events, never inside a role: the state stays whole. With
+            # periodic checkpoints the first one lets the interval finish (its checkpoint keeps
+            # the run bit-reproducible), a second one abandons the interval.
+            stop_at = 2 if self.periodic else 1
+            roles = [dataclasses.replace(r, role=_stoppable(r.role, stop_at)) for r in roles]
+        else:
+            roles = [dataclasses.replace(r, role=dog.watch(i, r.role))
+                     for i, r in enumerate(roles)]
+
+        def on_poll():
+            dog.check("recjax-rt-")
+            self.report.on_poll()
+
+        self.report.on_wait = lambda: dog.check("recjax-rt-")
+
         try:
+            if signals.requested() and not (self.cfg.train.deterministic and self.periodic):
+                raise KeyboardInterrupt  # a stop signal came while the run was being set up
             if self.cfg.train.deterministic:
                 return run_virtual(roles, self.report.on_event)
             if self.cluster is not None:  # compile every worker group before the clock runs
@@ -417,13 +471,15 @@ class Runtime:
             group = ThreadGroup("recjax-rt")
             self.report.bind(group.stop)
             roles = [dataclasses.replace(r, role=self.report.wrap(r.role)) for r in roles]
-            sched = run_threaded(roles, group, self.cfg.runtime.emulate_links,
-                                 self.report.on_poll)
+            sched = run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
             sched.seconds -= self.report.paused  # evals and records are not training time
             return sched
         except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint
             self.report.close()
-            if isinstance(e, self._stop_saving):
+            if isinstance(e, _Abandoned):
+                last = self.ckpt.latest_step() if self.ckpt is not None else None
+                print(f"stopped at once; the checkpoint at step {last} is the latest")
+            elif isinstance(e, (*self._stop_saving, TimeoutError)):
                 self._save_stopped(snapshot, workers, "interrupted"
                                    if isinstance(e, KeyboardInterrupt) else "stopped")
             self.close()
@@ -464,6 +520,12 @@ class Runtime:
         if self.ckpt is not None:
             contract.save(self.ckpt, cfg, state, self.progress, wall)
             self.ckpt.close()
+        if step < self.run_steps:  # the end of a checkpoint interval (or stop_after), not the run
+            if self.cluster is not None:
+                self.cluster.stop()
+            return {"stopped_at": step, "steps": step, "run_start": self.run_start,
+                    "next_segment": self.periodic and step < (self.cfg.train.stop_after
+                                                              or self.run_steps)}
         ev, preds = contract.evaluate(cfg, self.data, self._predict(), params, state.tables)
         if self.ps.lru:
             extra = {"lru": self.ps.lru_counters(), **extra}
@@ -475,7 +537,7 @@ class Runtime:
         shard = np.sum([w.counters.shard_bytes for w in workers], axis=0).tolist()
         unit = "virtual" if tc.deterministic else "wall"
         summary = contract.build_summary(
-            cfg, self.data, state, self.progress, ev, start_step=self.start_step,
+            cfg, self.data, state, self.progress, ev, start_step=self.run_start,
             wall_seconds=self.progress.wall_seconds + wall,
             train_seconds=self.progress.train_seconds, timed_steps=self.progress.timed_steps,
             clock=unit, extra={
@@ -496,6 +558,70 @@ class Runtime:
         self.report.final(step, sched.seconds, ev, extra)
         contract.write_summary(cfg, summary, preds)
         return summary | {"final_state": state, "schedule": sched}
+
+
+# The step a run of several checkpoint intervals started at (`run_in_segments` sets it while it
+# calls the algorithm for the second interval on; None: the call is the run's first).
+_SEGMENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("recjax_segment",
+                                                                      default=None)
+
+HOST_ASYNC = ("async", "shadow", "fr", "gba", "persia")  # the algorithms that run on this engine
+
+
+class _Abandoned(KeyboardInterrupt):
+    """A second stop signal on the virtual clock: the interval is dropped, not checkpointed."""
+
+
+def _stoppable(role, stop_at: int):
+    """`role`, ending the run (KeyboardInterrupt) before its next event once `stop_at` stop
+    signals have come; a second signal abandons without a checkpoint (`_Abandoned`)."""
+    value = None
+    try:
+        while True:
+            n = signals.requested()
+            if n >= stop_at:
+                raise _Abandoned() if stop_at == 2 else KeyboardInterrupt()
+            try:
+                effect = role.send(value)
+            except StopIteration:
+                return
+            value = yield effect
+    finally:
+        role.close()
+
+
+def run_in_segments(run: Callable[[Config], dict], cfg: Config) -> dict:
+    """Run a host-async algorithm from checkpoint to checkpoint (issue 16, item 5).
+
+    With ``--train.ckpt_every=K`` and ``--out``, each call of `run` builds the roles afresh
+    from the latest checkpoint, runs them to the next multiple of K, where every role has
+    stopped (a step boundary, nothing in flight), and checkpoints there (`Runtime.finish`); the
+    next call goes on from it exactly as ``--resume`` would. A run with checkpoints is thus the
+    chain of its own resumptions, and with ``--deterministic`` a run killed at any moment and
+    resumed equals the uninterrupted one bit for bit. What lives only in the roles restarts at
+    each checkpoint, as on every ``--resume``: ShadowSync's replicas from their mean, the
+    virtual clock and the links from zero; summary counters cover the last interval.
+
+    Signals: in threads the first SIGINT/SIGTERM stops the roles and checkpoints their state
+    (`Runtime.execute`); on the virtual clock it lets the interval finish and checkpoint, and a
+    second one abandons the interval, keeping the checkpoint before it.
+    """
+    with signals.stop_requests(raise_on_second=False) as stop:
+        start = None
+        while True:
+            token = _SEGMENT.set(start)
+            try:
+                out = run(cfg)
+            finally:
+                _SEGMENT.reset(token)
+            if not out.pop("next_segment", False):
+                out.pop("run_start", None)
+                return out
+            start = out["run_start"]
+            if stop.count:
+                print(f"stopped at step {out['steps']}; resume with --resume --out "
+                      f"{cfg.train.out}")
+                raise KeyboardInterrupt
 
 
 def histogram_summary(hist: dict[int, int]) -> dict:

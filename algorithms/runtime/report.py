@@ -76,9 +76,10 @@ class Reporter:
         self.rt, self.workers, self.tc = rt, list(workers), tc
         self.step = step or (lambda: rt.start_step + sum(w.counters.iterations for w in self.workers))
         self.snapshot, self.counters = snapshot, counters or dict
+        self.on_wait: Callable[[], None] = lambda: None  # called while roles are being held
         self.virtual = bool(tc.deterministic)
         self.rate = rate_key(self.virtual)
-        self.writer = MetricsWriter(tc.out, tc.tensorboard, append=tc.resume)
+        self.writer = MetricsWriter(tc.out, tc.tensorboard, append=rt.resuming)
         self.bar = tqdm(total=rt.total_steps, initial=rt.start_step, disable=not tc.progress,
                         unit="step", dynamic_ncols=True,
                         desc=f"{tc.algo} {cfg.model.name} on {cfg.data.train}")
@@ -277,6 +278,7 @@ class Reporter:
         with self._cond:
             self._hold = True
             while self._active and not self._stopping():
+                self.on_wait()  # the engine's watchdog: a stuck role never goes idle
                 self._cond.wait(0.05)
         self._held_at = t
 

@@ -162,14 +162,16 @@ def window_sums(s: dict) -> dict:
             "window_label_sum": s["label_sum"]}
 
 
-def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
-             ) -> tuple[Checkpointer | None, TrainState, Progress]:
+def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
+             resume: bool | None = None) -> tuple[Checkpointer | None, TrainState, Progress]:
     """The ``--out`` and resume policy: ``(checkpointer or None, start state, progress)``.
 
     Args:
       cfg: the run's config.
       state: the freshly built initial state (its structure is what a checkpoint must match).
       checkpoints: keep checkpoints under ``--out`` (False: a multi-process run's process 0).
+      resume: restore the latest checkpoint (default ``train.resume``; the host-async engine
+        also goes on from its own periodic checkpoints this way).
 
     Raises:
       ValueError: a fresh run into an ``--out`` that holds checkpoints, or a resume whose
@@ -183,7 +185,7 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True
             if tc.out and checkpoints else None)
     if ckpt:
         ckpt.clean_stale()  # saves a kill cut short; safe under the lock
-    if tc.resume:
+    if tc.resume if resume is None else resume:
         state, meta = ckpt.restore(state)  # the newest intact checkpoint
         # compare as JSON sees them (tuples were saved as lists)
         check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())),

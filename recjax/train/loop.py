@@ -22,7 +22,7 @@ from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
 from recjax.runlog import MetricsWriter, flat_scalars
-from recjax.train import contract
+from recjax.train import contract, signals
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 from recjax.train.early_stop import EarlyStopper
 from recjax.train.setup import build
@@ -102,6 +102,7 @@ def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
         epoch, skip = epoch + 1, 0
 
 
+@signals.graceful  # SIGINT/SIGTERM stop at the next step boundary, with a checkpoint
 def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict.
 
@@ -199,6 +200,9 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                                             or (epoch_ckpts and step % steps_per_epoch == 0)):
                 save(step)
                 t_log = time.perf_counter()
+            if signals.requested():  # read between steps: the state is whole (item 7)
+                interrupted = True
+                break
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -209,8 +213,11 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     if ckpt and step > start_step:
         try:  # state is between steps here: a consistent point to save
             save(step)
-        except RuntimeError as e:  # interrupted inside a dispatch: the donated state is gone
-            print(f"could not checkpoint step {step} ({e}); the previous checkpoint is intact")
+        except RuntimeError as e:  # a second signal inside a dispatch: the donated state is gone
+            last = ckpt.latest_step()
+            print(f"could not checkpoint step {step} ({str(e).splitlines()[0]}); "
+                  + (f"the last checkpoint is step {last}" if last is not None
+                     else "no checkpoint was written"))
     elif window:
         progress.add(contract.sum_metrics(window, step, ckpt))
     early = stopper is not None and stopper.stopped_at is not None
