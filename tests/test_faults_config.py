@@ -27,7 +27,7 @@ def test_train_config_refuses_nonsense(key, value, allowed):
 
 
 def test_ckpt_every_zero_is_explained():
-    with pytest.raises(ValueError, match="0 = only at the end of each epoch"):
+    with pytest.raises(ValueError, match=r"0 = at the end \(and each epoch's end in long runs\)"):
         TrainConfig(ckpt_every=-1)
 
 

@@ -43,7 +43,8 @@ def _compare(tmp_path, args, bitwise=True):
     assert not (tmp_path / "two" / "checkpoints").exists()
     rows = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [2, 4]
-    assert [r["kind"] for r in rows][-1] == "eval"
+    # the final eval, then (every --algo but single) the algorithm's counters record
+    assert [r["kind"] for r in rows][-2:] == ["eval", "counters"]
     preds = [np.loadtxt(tmp_path / d / "predictions.csv", delimiter=",", skiprows=1) for d in ("one", "two")]
     assert preds[0].shape == (1000, 2)
     np.testing.assert_allclose(preds[1], preds[0], rtol=1e-5, atol=1e-7)
