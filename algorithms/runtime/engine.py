@@ -520,7 +520,9 @@ class Runtime:
         if self.ckpt is not None:
             contract.save(self.ckpt, cfg, state, self.progress, wall)
             self.ckpt.close()
-        if step < self.run_steps:  # the end of a checkpoint interval (or stop_after), not the run
+        # the roles were to stop before the run's end: a checkpoint interval or stop_after (a
+        # run that ends short because it lost a role is at its end: it gets its summary)
+        if self.total_steps < self.run_steps:
             if self.cluster is not None:
                 self.cluster.stop()
             return {"stopped_at": step, "steps": step, "run_start": self.run_start,
