@@ -5,7 +5,7 @@
     result = recjax.fit("default", train=src, overrides={"model.name": "deepfm"})
     result["eval_auc"], result["eval_ne"]
 
-`train` is what ``scripts/train.py`` does after parsing its flags: the same `Config`, the same
+`fit` is what ``scripts/train.py`` does after parsing its flags: the same `Config`, the same
 strict override validation, the same run contract (summary, metrics.jsonl, checkpoints when
 ``train.out`` is set), and it returns the summary dict instead of printing it.
 """
@@ -57,8 +57,8 @@ def make_config(cfg: Config | str | None = None, overrides: Mapping[str, Any] | 
 
 
 def fit(cfg: Config | str | None = None, *, train: ArraySource | str | None = None,
-          eval: ArraySource | str | None = None, overrides: Mapping[str, Any] | None = None
-          ) -> dict:
+        eval: ArraySource | str | None = None, overrides: Mapping[str, Any] | None = None
+        ) -> dict:
     """Train and evaluate as `cfg` says, on `train` (and `eval`), with any algorithm.
 
     Args:
