@@ -18,18 +18,10 @@ from typing import Any
 
 from recjax import configs
 from recjax.config import Config, ConfigError, apply_overrides
+from recjax.config_files import override_text
 from recjax.data import arrays
 from recjax.data.arrays import ArraySource
 from recjax.data.synthetic import preset, synthetic_name
-
-
-def _text(value: Any) -> str:
-    """A Python value as the text an override takes (``--section.field=TEXT``)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return ",".join(str(v) for v in value)
-    return str(value)
 
 
 def make_config(cfg: Config | str | None = None, overrides: Mapping[str, Any] | None = None
@@ -49,7 +41,7 @@ def make_config(cfg: Config | str | None = None, overrides: Mapping[str, Any] | 
     if not isinstance(cfg, Config):
         raise ConfigError(f"cfg must be a recjax.Config or a config name "
                           f"({', '.join(configs.CONFIGS)}), got {type(cfg).__name__}")
-    pairs = [(k, _text(v)) for k, v in (overrides or {}).items()]
+    pairs = [(k, override_text(v)) for k, v in (overrides or {}).items()]
     name = dict(pairs).get("data.train")
     if name is not None and synthetic_name(name) is not None:  # as --data synthetic:NAME does
         cfg = dataclasses.replace(cfg, synthetic=preset(synthetic_name(name)))

@@ -32,12 +32,13 @@ FILE_KINDS = (".py", ".json", ".yaml", ".yml")
 RERUN_CLEARED = {"train": {"out": "", "resume": False, "stop_after": 0, "save_predictions": False}}
 
 
-def _text(value: Any) -> str:
-    """A file's typed value as the text ``--section.field=TEXT`` takes."""
+def override_text(value: Any) -> str:
+    """A typed value (from a file, or `recjax.fit`'s overrides) as the text
+    ``--section.field=TEXT`` takes."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
-        return ",".join(_text(v) for v in value)
+        return ",".join(override_text(v) for v in value)
     return str(value)
 
 
@@ -87,7 +88,7 @@ def from_dict(tree: dict, where: str, base: Config | None = None) -> Config:
                 raise ConfigError(f"{where}: key {key!r} has no value (null); give one or remove "
                                   "the key")
             try:
-                values[field] = _parse_value(_text(value), hints[field], key)
+                values[field] = _parse_value(override_text(value), hints[field], key)
             except ConfigError as e:
                 raise ConfigError(f"{where}: {e}") from None
         try:
