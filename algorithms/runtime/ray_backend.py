@@ -617,12 +617,7 @@ class ComputeServer:
         A shard that died under the pull raises `RayActorError` to the caller."""
         ray = _ray()
         refs = [h.pull.remote(part, True) for h, part in shards if h is not None]
-        minis = {}
-        for part in ray.get(refs):
-            minis.update(part)
-        m, g, rows = (self._grads_rows if coalesce else self._grads)(params, minis, local)
-        m, g, rows = jax.device_get((m, g, rows))
-        per = [{k: rows[k] for k in names} if names else None for names in self.shard_names]
+        m, g, *per = self.compute(params, local, coalesce, *ray.get(refs))
         if not push:
             return ((m, {}), g, *per)
         sent = [(s, h.push.remote(part, per[s])) for s, (h, part) in enumerate(shards)
