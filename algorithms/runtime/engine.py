@@ -166,18 +166,24 @@ class Worker:
         _, (local, rows) = item
         minis = rt.ps.pull(rows)
         m, g_params, grads = (rt.grads_rows if coalesce else rt.grads)(params, minis, local)
-        self.counters.metrics.append(m)
-        self.counters.indices.append(item[0])
-        nbytes = rt.ps.shard_bytes(rows)
-        for s, b in enumerate(nbytes):
-            self.counters.shard_bytes[s] += b
-        work = Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(self.wid, it),
-                    tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
-        return g_params, (rows, grads), work
+        return g_params, (rows, grads), record_step(rt, self.wid, self.counters, item, m, it)
 
     def push(self, pending: tuple) -> None:
         self.rt.ps.push(*pending)
         self.counters.iterations += 1
+
+
+def record_step(rt: Runtime, wid: int, counters: Counters, item: tuple, m: Any, it: int) -> Work:
+    """Count worker `wid`'s step on `item` (its metrics `m`, the bytes each shard served) and
+    return the step's `Work`: its compute time, straggling and PS-link transfers."""
+    counters.metrics.append(m)
+    counters.indices.append(item[0])
+    rows = item[1][1]
+    nbytes = rt.ps.shard_bytes(rows)
+    for s, b in enumerate(nbytes):
+        counters.shard_bytes[s] += b
+    return Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(wid, it),
+                tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
 
 
 class Runtime:

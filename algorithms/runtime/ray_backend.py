@@ -47,7 +47,7 @@ import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime.clock import Work, WorkerLost
+from algorithms.runtime.clock import WorkerLost
 from recjax.config import Config, RayConfig
 from recjax.embeddings import make_sparse_optimizer
 from recjax.embeddings.dynamic import LruStore
@@ -716,9 +716,10 @@ class RayWorker:
     """
 
     def __init__(self, rt, wid: int, supply, group: int):
-        from algorithms.runtime.engine import Counters
+        from algorithms.runtime.engine import Counters, record_step
 
         self.rt, self.wid, self.supply, self.group = rt, wid, supply, group
+        self._record = record_step  # (engine is imported lazily: shard actors load this module)
         self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
         self.handle = rt.groups.get(group)
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
@@ -759,13 +760,7 @@ class RayWorker:
             g_params = outs[1] if rt.dense_on_actor else ray.get(outs[1])
         except ray.exceptions.RayActorError as e:
             raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
-        self.counters.metrics.append(m)
-        self.counters.indices.append(item[0])
-        nbytes = rt.ps.shard_bytes(rows)
-        for s, b in enumerate(nbytes):
-            self.counters.shard_bytes[s] += b
-        work = Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(self.wid, it),
-                    tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
+        work = self._record(rt, self.wid, self.counters, item, m, it)
         pending = _Pushed(rows, failed) if push else (rows, ShardGrads(tuple(outs[2:])))
         return g_params, pending, work
 
