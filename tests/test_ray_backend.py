@@ -21,7 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from algorithms import async_ps, gba, persia, shadowsync  # noqa: E402
-from algorithms.runtime import ray_backend  # noqa: E402
+from algorithms.runtime import ray_backend, ray_ps  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from tests.runtime_util import assert_trees, reference, small_cfg, worker_batches  # noqa: E402
 
@@ -310,7 +310,7 @@ def test_ps_lost_for_good_stops_with_a_restorable_checkpoint(cluster, tmp_path):
     and a checkpoint (that shard at its last snapshot) that threads resume to the end."""
     out = str(tmp_path / "run")
     base = small_cfg("async", steps=40, trainers=1, workers_per_trainer=1, train={"out": out})
-    with pytest.raises(ray_backend.PsFailed, match="max_ps_restarts=0"):
+    with pytest.raises(ray_ps.PsFailed, match="max_ps_restarts=0"):
         async_ps.run(on_ray(base, kill="ps:0@10", snapshot_every=4, max_ps_restarts=0))
     ckpts = [int(d) for d in os.listdir(os.path.join(out, "checkpoints")) if d.isdigit()]
     assert ckpts and 8 <= max(ckpts) < 40

@@ -211,11 +211,11 @@ class Runtime:
     def _setup(self, cfg: Config, num_workers: int, batch_size: int) -> None:
         rc, tc = cfg.runtime, cfg.train
         if self.backend == "ray":
-            from algorithms.runtime import ray_backend
+            from algorithms.runtime import ray_backend, ray_ps
 
             self.cluster = ray_backend.Cluster(cfg.ray)
             self.groups = ray_backend.Groups(self)
-            self._stop_saving = (KeyboardInterrupt, ray_backend.PsFailed)
+            self._stop_saving = (KeyboardInterrupt, ray_ps.PsFailed)
         self.num_workers = num_workers
         self.batch_size = batch_size or tc.batch_size
         self.data = open_data(cfg)
@@ -309,10 +309,10 @@ class Runtime:
         """The embedding PS: shards in this process, or Ray actors (``--backend ray``)."""
         rc = self.cfg.runtime
         if self.cluster is not None:
-            from algorithms.runtime import ray_backend
+            from algorithms.runtime import ray_ps
 
-            return ray_backend.RayEmbeddingPS(self.cluster, self.cfg, self.model.layout, tables,
-                                              slots, self.placement, rc.ps_shards, lru=lru)
+            return ray_ps.RayEmbeddingPS(self.cluster, self.cfg, self.model.layout, tables,
+                                         slots, self.placement, rc.ps_shards, lru=lru)
         return ps_lib.EmbeddingPS(self.model.layout, tables, slots, self.sparse_opt,
                                   self.placement, rc.ps_shards, lru=lru)
 

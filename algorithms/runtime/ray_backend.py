@@ -5,7 +5,7 @@ Under ``ray`` the state and the compute of a run live in Ray actor processes; th
 orchestrate: they hand object references from actor to actor, so the arrays a role moves go
 through Ray's object store between the processes that own them, not through the driver.
 
-* `ShardServer`: one actor per embedding PS shard (a `ps.EmbeddingShard` or `ps.LruShard`
+* `ray_ps.ShardServer`: one actor per embedding PS shard (a `ps.EmbeddingShard` or `ps.LruShard`
   built in the actor), serving ``ray.ps_concurrency`` requests at once, so pulls and pushes of
   different workers overlap (Hogwild across workers, as the threaded shards). `RayEmbeddingPS`
   is `ps.EmbeddingPS`'s interface over them: one call per (batch, shard) in each direction,
@@ -39,18 +39,13 @@ import logging
 import os
 import pathlib
 import signal as signal_lib
-import threading
 import types
 from typing import Any
 
 import jax
-import numpy as np
 
-from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import WorkerLost
 from recjax.config import Config, RayConfig
-from recjax.embeddings import make_sparse_optimizer
-from recjax.embeddings.dynamic import LruStore
 from recjax.features import FeatureSpec
 from recjax.train.step import Model
 
@@ -99,11 +94,6 @@ def sigkill(handle, pid: int) -> None:
         os.kill(pid, signal_lib.SIGKILL)
     except ProcessLookupError:
         _ray().kill(handle, no_restart=True)
-
-
-class PsFailed(OSError):
-    """A PS shard died more often than ``ray.max_ps_restarts`` (or where no restart is made):
-    the engine saves a checkpoint from the other shards and this one's last snapshot."""
 
 
 class Cluster:
@@ -258,314 +248,6 @@ class Hosted:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{self._cls.__name__} lives in a Ray actor; set {name} through "
                              "one of its methods")
-
-
-# -- embedding PS shards -----------------------------------------------------------------------
-class ShardServer:
-    """The actor body of one embedding PS shard.
-
-    Args:
-      index: the shard number.
-      sparse: the sparse optimizer's config (the optimizer is rebuilt here).
-      tables, slots: the shard's tables (fixed store).
-      lru: ``None`` or the LruStore keywords, with ``dims`` (``name -> D``) of its tables.
-    """
-
-    def __init__(self, index: int, sparse, tables: dict, slots: dict, lru: dict | None):
-        opt = make_sparse_optimizer(sparse)
-        self.lru = lru is not None
-        if self.lru:
-            kw = dict(lru)
-            dims = kw.pop("dims")
-            self.shard = ps_lib.LruShard(index, {name: LruStore(name, d, opt=opt, **kw)
-                                                 for name, d in dims.items()})
-        else:
-            self.shard = ps_lib.EmbeddingShard(index, tables, slots, opt)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def pull(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
-        return self.shard.pull(rows, admit) if self.lru else self.shard.pull(rows)
-
-    def push(self, rows: ps_lib.Rows, grads: dict) -> None:
-        self.shard.push(rows, grads)
-
-    def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
-        self.shard.warm(rows, grads)
-
-    def snapshot(self) -> tuple:
-        return self.shard.snapshot()
-
-    def restore(self, snap: tuple) -> None:
-        self.shard.restore(snap)
-
-    def set_tables(self, tables: dict, slots: dict) -> None:
-        """Replace rows and slots (a resumed state), keeping the optimizer step."""
-        self.shard.restore((tables, slots, self.shard.step))
-
-    def wipe(self) -> None:
-        self.shard.wipe()
-
-    def counters(self) -> dict:
-        return self.shard.counters()
-
-    def get_step(self) -> int:
-        return self.shard.step
-
-    def set_step(self, step: int) -> None:
-        self.shard.step = step
-
-
-class ShardProxy:
-    """The driver's handle of one PS shard actor: calls, snapshots, restarts.
-
-    Every request goes through `submit` then `result`; a request whose actor died restarts
-    the shard from its last snapshot (once, whichever thread notices first) and is retried.
-    """
-
-    def __init__(self, cluster: Cluster | None, index: int, names: list[str], args: tuple,
-                 rc: RayConfig, kill_at: int = 0):
-        self.index, self.names, self.tables = index, names, names
-        self._cluster, self._args, self._rc, self._kill_at = cluster, args, rc, kill_at
-        self.restarts = self.pushes_lost = self.pushes = self._submitted = 0
-        self._lock = threading.Lock()
-        self._gen = 0
-        self._snap = self._prev = None
-        self._snap_at = self._prev_at = 0
-        if cluster is not None and names:
-            self._spawn()
-            self._snap = self.handle.snapshot.remote()
-
-    def __getstate__(self):  # a client in another actor (GBA's PS0): no restarts there
-        return {"index": self.index, "names": self.names, "tables": self.tables,
-                "handle": getattr(self, "handle", None), "_gen": self._gen}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _cluster=None, _lock=threading.Lock(), _kill_at=0,
-                             restarts=0, pushes_lost=0, pushes=0, _snap=None, _prev=None)
-
-    def _spawn(self) -> None:
-        self.handle = self._cluster.spawn(ShardServer, *self._args,
-                                          concurrency=self._rc.ps_concurrency,
-                                          resource=self._rc.ps_resource)
-        self.pid = _ray().get(self.handle.pid.remote())
-
-    def submit(self, method: str, *args) -> tuple[int, Any]:
-        if method == "push" and self._kill_at:
-            with self._lock:  # pushes of several workers are submitted concurrently
-                self._submitted += 1
-                kill = self._submitted == self._kill_at
-            if kill:
-                self._kill_at = 0
-                sigkill(self.handle, self.pid)
-        return self._gen, getattr(self.handle, method).remote(*args)
-
-    def result(self, sent: tuple[int, Any], method: str, *args) -> Any:
-        ray = _ray()
-        gen, ref = sent
-        while True:
-            try:
-                out = ray.get(ref)
-                break
-            except ray.exceptions.RayActorError as e:
-                self._restart(gen, e)
-                gen, ref = self.submit(method, *args)
-        if method == "push":
-            self._pushed()
-        return out
-
-    def call(self, method: str, *args) -> Any:
-        return self.result(self.submit(method, *args), method, *args)
-
-    def will_push(self) -> None:
-        """A worker actor is about to push to this shard itself (`ComputeServer.step`): the
-        kill injection counts it as `submit` counts the driver's pushes."""
-        if self._kill_at:
-            with self._lock:
-                self._submitted += 1
-                kill = self._submitted == self._kill_at
-            if kill:
-                self._kill_at = 0
-                sigkill(self.handle, self.pid)
-
-    def pushed(self) -> None:
-        """A worker actor's push to this shard was applied (counts toward a snapshot)."""
-        self._pushed()
-
-    def _pushed(self) -> None:
-        with self._lock:
-            self.pushes += 1
-            if self._cluster is not None and self.pushes - self._snap_at >= self._rc.snapshot_every:
-                self._prev, self._prev_at = self._snap, self._snap_at
-                self._snap, self._snap_at = self.handle.snapshot.remote(), self.pushes
-
-    def _restart(self, gen: int, error: Exception) -> None:
-        ray = _ray()
-        with self._lock:
-            if gen != self._gen:  # another thread restarted it already
-                return
-            if self._cluster is None:
-                raise PsFailed(f"embedding PS shard {self.index} died ({error}); the process "
-                               "that restarts it is the driver's") from error
-            if self.restarts >= self._rc.max_ps_restarts:
-                raise PsFailed(f"embedding PS shard {self.index} died {self.restarts + 1} times "
-                               f"(ray.max_ps_restarts={self._rc.max_ps_restarts}); the run stops "
-                               "with the checkpoint it has") from error
-            snap, at = None, 0
-            for ref, when in ((self._snap, self._snap_at), (self._prev, self._prev_at)):
-                try:
-                    snap, at = ray.get(ref), when
-                    break
-                except ray.exceptions.RayError:  # the snapshot died with the actor
-                    continue
-            if snap is None:
-                raise PsFailed(f"embedding PS shard {self.index} died and no snapshot of it "
-                               "survived") from error
-            self._spawn()
-            ray.get(self.handle.restore.remote(snap))
-            self.restarts += 1
-            self.pushes_lost += self.pushes - at
-            self.pushes = at
-            self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), at, None
-            self._gen += 1
-            print(f"recjax: embedding PS shard {self.index} died; restarted from its snapshot "
-                  f"at push {at} ({self.pushes_lost} pushes lost so far)", flush=True)
-
-    def last_snapshot(self) -> tuple:
-        """The newest snapshot that survived (for a checkpoint after `PsFailed`)."""
-        ray = _ray()
-        for ref in (self._snap, self._prev):
-            if ref is not None:
-                try:
-                    return ray.get(ref)
-                except ray.exceptions.RayError:
-                    continue
-        raise PsFailed(f"embedding PS shard {self.index}: no snapshot survived")
-
-    # the EmbeddingShard interface the algorithms use (Persia's recovery, GBA's warm-up)
-    def pull(self, rows, admit: bool = True):
-        return self.call("pull", rows, admit)
-
-    def push(self, rows, grads) -> None:
-        self.call("push", rows, grads)
-
-    def snapshot(self):
-        return self.call("snapshot")
-
-    def restore(self, snap) -> None:
-        self.call("restore", snap)
-
-    def wipe(self) -> None:
-        self.call("wipe")
-
-    def warm(self, rows, grads) -> None:
-        self.call("warm", rows, grads)
-
-    def counters(self) -> dict:
-        return self.call("counters")
-
-    @property
-    def step(self) -> int:
-        return self.call("get_step")
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.call("set_step", int(value))
-
-
-class RayEmbeddingPS(ps_lib.EmbeddingPS):
-    """`ps.EmbeddingPS` over `ShardServer` actors (same arguments, plus the run's cluster and
-    config); its pulls and pushes fan out to the shards at once and wait for all of them."""
-
-    def __init__(self, cluster: Cluster, cfg: Config, layout, tables: dict, slots: dict,
-                 placement: dict[str, int], shards: int, lru: dict | None = None):
-        self.layout, self.placement, self.num_shards = layout, placement, shards
-        self.lru = lru is not None
-        self._dim = {t.name: t.embedding_dim for t in layout.tables}
-        kills = parse_kill(cfg.ray.kill)
-        self.shards = []
-        for s in range(shards):
-            names = [t.name for t in layout.tables if placement[t.name] == s]
-            if self.lru:
-                args = (s, cfg.sparse, {}, {}, dict(lru, dims={n: self._dim[n] for n in names}))
-            else:
-                args = (s, cfg.sparse, {k: np.asarray(tables[k]) for k in names},
-                        {k: jax.device_get(slots[k]) for k in names}, None)
-            self.shards.append(ShardProxy(cluster, s, names, args, cfg.ray,
-                                          kills.get(("ps", s), 0)))
-
-    @staticmethod
-    def _part(d: dict, names: list[str]) -> dict:
-        return {k: d[k] for k in names}
-
-    def pull_refs(self, rows: ps_lib.Rows, admit: bool = True) -> list:
-        """One pull per shard with tables, not waited for: ``[(shard, sent)]``."""
-        return [(sh, sh.submit("pull", self._part(rows, sh.names), admit))
-                for sh in self.shards if sh.names]
-
-    def direct(self, rows: ps_lib.Rows) -> list:
-        """``[(actor handle, the shard's rows) or (None, None)]`` per shard: what a worker
-        actor needs to pull from and push to the shards itself (`ComputeServer.step`)."""
-        return [(sh.handle, self._part(rows, sh.names)) if sh.names else (None, None)
-                for sh in self.shards]
-
-    def pull(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
-        out = {}
-        for sh, sent in self.pull_refs(rows, admit):
-            out.update(sh.result(sent, "pull", self._part(rows, sh.names), admit))
-        return out
-
-    def push(self, rows: ps_lib.Rows, grads) -> None:
-        sent = []
-        for s, sh in enumerate(self.shards):
-            if not sh.names:
-                continue
-            part = grads.refs[s] if isinstance(grads, ShardGrads) else self._part(
-                {k: jax.device_get(grads[k]) for k in sh.names}, sh.names)
-            args = (self._part(rows, sh.names), part)
-            sent.append((sh, sh.submit("push", *args), args))
-        for sh, s, args in sent:
-            sh.result(s, "push", *args)
-
-    def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
-        for sh in self.shards:
-            if sh.names:
-                sh.warm(self._part(rows, sh.names), self._part(jax.device_get(grads), sh.names))
-
-    def snapshot(self) -> tuple[dict, dict]:
-        tables, slots = {}, {}
-        for sh in self.shards:
-            if not sh.names:
-                continue
-            try:
-                t, sl, _ = sh.snapshot()
-            except PsFailed:  # a shard that is gone for good: its last snapshot
-                t, sl, _ = sh.last_snapshot()
-            if self.lru:
-                for k, v in t.items():
-                    tables[k], slots[k] = ps_lib.lru_state(v)
-            else:
-                tables.update(t)
-                slots.update(sl)
-        return ({t.name: tables[t.name] for t in self.layout.tables},
-                {t.name: slots[t.name] for t in self.layout.tables})
-
-    def restore(self, tables: dict, slots: dict) -> None:
-        for sh in self.shards:
-            if not sh.names:
-                continue
-            if self.lru:
-                snaps = {k: ps_lib.lru_snapshot(tables[k], jax.device_get(slots[k]))
-                         for k in sh.names}
-                sh.restore((snaps, {}, sh.step))
-            else:
-                sh.call("set_tables", {k: np.asarray(tables[k]) for k in sh.names},
-                        {k: jax.device_get(slots[k]) for k in sh.names})
-
-    def fault_counters(self) -> dict:
-        return {"ps_restarts": sum(sh.restarts for sh in self.shards),
-                "ps_pushes_lost": sum(sh.pushes_lost for sh in self.shards)}
 
 
 # -- worker groups -----------------------------------------------------------------------------
