@@ -33,7 +33,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import jax
 from tqdm.auto import tqdm
 
 from recjax.runlog import MetricsWriter, flat_scalars
@@ -46,14 +45,6 @@ _PROGRESS_S = 1.0  # threads: a ``kind: progress`` record (iterations so far) th
 def rate_key(virtual: bool) -> str:
     """The name of a throughput: a modelled rate on the virtual clock is not a measured one."""
     return "examples_per_virtual_sec" if virtual else "examples_per_sec"
-
-
-def _sums(ms: list) -> dict:
-    """StepMetrics field sums of `ms` (float64), and the mean of their batch losses as ``loss``."""
-    host = jax.device_get(ms)
-    s = {k: float(sum(float(getattr(m, k)) for m in host)) for k in StepMetrics._fields}
-    s["loss"] = s["loss"] / len(host)
-    return s
 
 
 class Reporter:
@@ -168,7 +159,7 @@ class Reporter:
         rec = {"kind": "train", "step": s, "epoch": (s - 1) // max(rt.steps_per_epoch, 1),
                "examples": s * tc.batch_size}
         if ms:
-            w = _sums(ms)
+            w = contract.sum_metrics(ms, mean_loss=True)
             contract.check_finite(w, f"in steps {self.last_step + 1}-{s}", rt.ckpt)
             for k in StepMetrics._fields:
                 self.segment[k] += w[k]

@@ -117,9 +117,10 @@ class DivergedError(ValueError):
     """The training loss became NaN or infinite: the run stops, nothing non-finite is saved."""
 
 
-def sum_metrics(ms: list[StepMetrics], step: int | None = None, ckpt: Checkpointer | None = None
-                ) -> dict:
-    """StepMetrics sums over `ms` (fetched from the device), plus the last step's loss.
+def sum_metrics(ms: list[StepMetrics], step: int | None = None, ckpt: Checkpointer | None = None,
+                mean_loss: bool = False) -> dict:
+    """StepMetrics sums over `ms` (fetched from the device), plus the last step's loss (with
+    `mean_loss`, the mean of their batch losses: a host-async window has many workers' batches).
 
     Raises:
       DivergedError: a loss in `ms` is not finite (with `step`, the end of the window, and the
@@ -128,7 +129,7 @@ def sum_metrics(ms: list[StepMetrics], step: int | None = None, ckpt: Checkpoint
     host = jax.device_get(ms)
     # in float64: a float32 running sum of a long segment's log losses drifts (issue 15)
     s = {k: float(sum(float(getattr(m, k)) for m in host)) for k in StepMetrics._fields}
-    s["loss"] = float(host[-1].loss)
+    s["loss"] = s["loss"] / len(host) if mean_loss else float(host[-1].loss)
     if step is not None:
         check_finite(s, f"in steps {step - len(ms) + 1}-{step}", ckpt)
     return s
