@@ -110,8 +110,8 @@ def locate(source: list[str], key: str, diff: str) -> str:
 
 
 def run_group(name: str, work: pathlib.Path, rev: str | None, timeout: float,
-              only: list[str] | None = None) -> dict:
-    modules, tests = GROUPS[name]
+              only: list[str] | None = None, tests: list[str] | None = None) -> dict:
+    modules, tests = GROUPS[name][0], tests or GROUPS[name][1]
     d = work / name
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
@@ -159,11 +159,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per group")
     ap.add_argument("--only", metavar="REPORT", help="run only the mutants that survived in this "
                     "earlier --out report (a quick re-check after new tests; counts are of those)")
+    ap.add_argument("--tests", help="comma-separated test files or node ids to run instead of the "
+                    "group's (a quicker first pass; re-check its survivors with the group's own "
+                    "tests through --only)")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.groups) - set(GROUPS))
     if unknown:
         ap.error(f"unknown group(s) {unknown}; choose from {', '.join(GROUPS)}")
-    report = {"rev": args.rev or "working tree", "only": args.only, "groups": {}}
+    report = {"rev": args.rev or "working tree", "only": args.only, "tests": args.tests,
+              "groups": {}}
     earlier = json.loads(pathlib.Path(args.only).read_text())["groups"] if args.only else None
     for g in args.groups or list(GROUPS):
         only = None
@@ -174,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
             if not only:
                 print(f"{g}: no survivors in {args.only}; nothing to run", flush=True)
                 continue
-        report["groups"][g] = run_group(g, pathlib.Path(args.work), args.rev, args.timeout, only)
+        report["groups"][g] = run_group(g, pathlib.Path(args.work), args.rev, args.timeout, only,
+                                       args.tests.split(",") if args.tests else None)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"report: {args.out}")

@@ -144,3 +144,85 @@ def test_host_over_checks_row_stores_after_other_stores():
     mask = np.ones(ids.shape, np.float32)
     mask[1, 3, 1] = 0.0  # ...unless the entry is padding
     assert not routing.host_over(plan, ids, mask, 0.05, 8)
+
+
+B1, B2, EPS, STEP = 0.9, 0.99, 1e-8, 3
+
+
+@functools.cache
+def _routed_adam(mesh_name: str):
+    """`_routed_update` with lazy Adam (slots m, v sharded like the rows) and mean pooling."""
+    sizes, axis, m, n_batch = MESHES[mesh_name]
+    layout = make_layout(SPEC, {"emb": D}, pooling="mean")
+    plan = embedding.make_plan(layout, KINDS, axis, m, "data", n_batch, "adam")
+    opt = make_sparse_optimizer(SparseOptimConfig("adam", lr=LR, b1=B1, b2=B2, eps=EPS))
+    rows = [s for s in plan.stores if s.kind == "rows"]
+    b = B // n_batch
+    split = embedding.split_rows(plan, b)
+    mine = (lambda x: embedding.my_rows(plan, x)) if split else (lambda x: x)
+    specs = {s.key: P(axis) for s in rows}
+
+    def body(stores, slots, ids, mask, g):
+        w = embedding.pool_weights(plan, ids, mask)
+        new, new_slots = {}, {}
+        for s in rows:
+            r = routing.make_route(plan, s, mine(ids), mine(w), 8.0)
+            new[s.key], new_slots[s.key] = routing.update(plan, opt, s, stores[s.key],
+                                                          slots[s.key], r, g, jnp.int32(STEP))
+        return new, new_slots
+
+    g_spec = P(("data", axis)) if split else P("data")
+    f = jax.jit(jax.shard_map(body, mesh=make_mesh(sizes),
+                              in_specs=(specs, specs, P("data"), P("data"), g_spec),
+                              out_specs=(specs, specs)))
+    return layout, plan, specs, f
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_routed_adam_with_mean_pooling_equals_numpy_lazy_adam(mesh_name):
+    """Routed `update` under lazy Adam at step 3, with mean pooling (weights 1/2 where both ids
+    of a field are present) and nonzero moments, against lazy Adam in float64 numpy on the
+    per-row sums of ``w * g``. Kills ``g * w -> g / w`` (routing.py:122: with mean pooling the
+    weights are not 1), ``slots -> None`` and ``step -> None`` in the optimizer call
+    (routing.py:132): SGD, the other test's optimizer, reads neither."""
+    layout, plan, specs, f = _routed_adam(mesh_name)
+    mesh = make_mesh(MESHES[mesh_name][0])
+    rng = np.random.default_rng(1)
+    tables = {t.name: rng.normal(size=(t.num_embeddings, D)).astype(np.float32)
+              for t in layout.tables}
+    m0 = {k: rng.normal(scale=0.1, size=v.shape).astype(np.float32) for k, v in tables.items()}
+    v0 = {k: rng.uniform(0.01, 0.1, size=v.shape).astype(np.float32) for k, v in tables.items()}
+    slots = {k: (m0[k], v0[k]) for k in tables}
+    put = lambda tree: {k: jax.device_put(x, NamedSharding(mesh, specs[k]))  # noqa: E731
+                        for k, x in tree.items() if k in specs}
+    ids = np.stack([rng.integers(0, fs.vocab_size, (B, 2)) for fs in SPEC.fields], 1)
+    mask = (rng.random(ids.shape) < 0.8).astype(np.float32)
+    mask[:4] = 1.0  # some fields with both ids present: weight 1/2
+    g = rng.normal(size=(B, SPEC.n_fields, D)).astype(np.float32)
+    new, new_slots = f(put(embedding.to_stores(plan, tables)),
+                       put(embedding.to_stores(plan, slots)), ids.astype(np.int32), mask, g)
+    got = embedding.from_stores(plan, new)
+    got_slots = embedding.from_stores(plan, new_slots)
+    w = mask / np.maximum(mask.sum(-1, keepdims=True), 1.0)
+    t = STEP + 1
+    for tab in layout.tables:
+        if not any(s.kind == "rows" and tab.name in [mm.table.name for mm in s.members]
+                   for s in plan.stores):
+            continue
+        gsum = np.zeros(tables[tab.name].shape)
+        for fi in tab.field_index:
+            for bi in range(B):
+                for li in range(2):
+                    gsum[ids[bi, fi, li]] += w[bi, fi, li] * g[bi, fi].astype(np.float64)
+        touched = sorted({int(ids[bi, fi, li]) for fi in tab.field_index for bi in range(B)
+                          for li in range(2) if mask[bi, fi, li]})
+        want, wm, wv = (x[tab.name].astype(np.float64) for x in (tables, m0, v0))
+        gg = gsum[touched]
+        wm[touched] = B1 * wm[touched] + (1 - B1) * gg
+        wv[touched] = B2 * wv[touched] + (1 - B2) * gg * gg
+        want[touched] -= LR * (wm[touched] / (1 - B1**t)) / (
+            np.sqrt(wv[touched] / (1 - B2**t)) + EPS)
+        np.testing.assert_allclose(got[tab.name], want, rtol=2e-5, atol=2e-6,
+                                   err_msg=f"{tab.name} on {mesh_name}")
+        np.testing.assert_allclose(got_slots[tab.name][0], wm, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(got_slots[tab.name][1], wv, rtol=2e-5, atol=2e-6)
