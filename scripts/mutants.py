@@ -4,6 +4,7 @@
     python scripts/mutants.py metrics routing       # some groups
     python scripts/mutants.py --rev 738e4ce metrics # the tree of a commit (the "before" numbers)
     python scripts/mutants.py codec --only runs/before.json  # re-run only that report's survivors
+    python scripts/mutants.py routing --tests tests/test_routing_props.py  # a quick first pass
 
 Each group (a set of modules and the test files that exercise them) runs in its own copy of the
 tree under ``--work`` with a generated ``setup.cfg``, so the repository gets no ``mutants/``
