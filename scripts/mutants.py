@@ -45,7 +45,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                  "tests/test_mutants_routing.py"]),
     "codec": (["algorithms/runtime/codec.py"], ["tests/test_codec.py", "tests/test_mutants_codec.py"]),
     "dynamic": (["recjax/embeddings/dynamic.py"],
-                ["tests/test_dynamic_store.py", "tests/test_mutants_dynamic.py"]),
+                ["tests/test_dynamic_store.py"]),
     "hashing": (["recjax/data/hashing.py"],
                 ["tests/test_hashing_props.py", "tests/test_raw_ids.py", "tests/test_readers_props.py",
                  "tests/test_data_readers.py", "tests/test_mutants_hashing.py"]),

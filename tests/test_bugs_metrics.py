@@ -53,7 +53,7 @@ def test_train_ne_matches_definition(tmp_path, teacher_bias):
 
     Bug reproduction (issue 14): Train NE divided by the click count instead of the example count,
 
-        loop.ne_from_sums:  s["logloss_sum"] / max(s["label_sum"], 1.0) / h      # was: s["count"]
+        contract.ne_from_sums:  s["logloss_sum"] / max(s["label_sum"], 1.0) / h      # was: s["count"]
 
     passed every test; here it is off by the factor 1/CTR. The teacher bias sets the click rate
     (about 0.3 and 0.08), so a bug that happens to cancel at one click rate fails at the other.
