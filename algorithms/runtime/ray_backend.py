@@ -293,12 +293,18 @@ class ComputeServer:
         """A worker's step with its embedding traffic made from this process: pull each
         shard's rows from its actor (`shards`: `RayEmbeddingPS.direct`), compute, and with
         `push` push each shard its row gradients and wait for them, so neither the rows nor
-        the gradients pass through the driver. Returns ``((metrics, failed), dense grads,
-        per shard: its row gradients, or None when pushed here)``; `failed` maps a shard whose
-        push found its actor dead to its gradients (the driver restarts it and pushes them).
+        the gradients pass through the driver. `params` may come as ``[reference]`` (a dense
+        PS's pull still running): it is fetched after the shard pulls are sent, so the dense
+        and the embedding pulls overlap instead of Ray resolving it before the call starts
+        (10-11 ms from the driver's call to the step's start instead of 18-22 ms, dlrm_kaggle,
+        B = 4096, 2-core VM). Returns ``((metrics, failed), dense grads, per shard: its row
+        gradients, or None when pushed here)``; `failed` maps a shard whose push found its
+        actor dead to its gradients (the driver restarts it and pushes them).
         A shard that died under the pull raises `RayActorError` to the caller."""
         ray = _ray()
         refs = [h.pull.remote(part, True) for h, part in shards if h is not None]
+        if isinstance(params, list):
+            params = ray.get(params[0])
         m, g, *per = self.compute(params, local, coalesce, *ray.get(refs))
         if not push:
             return ((m, {}), g, *per)
@@ -425,8 +431,10 @@ class RayWorker:
                     for sh in rt.ps.shards:
                         if sh.names:
                             sh.will_push()
+                # a dense pull's reference goes nested, resolved by the actor (`step`)
+                dense = [params] if isinstance(params, ray.ObjectRef) else host_value(params)
                 outs = self.handle.step.options(num_returns=n).remote(
-                    host_value(params), local, coalesce, push, rt.ps.direct(rows))
+                    dense, local, coalesce, push, rt.ps.direct(rows))
                 m, failed = ray.get(outs[0])
             except ray.exceptions.RayActorError:
                 if not self._alive():
