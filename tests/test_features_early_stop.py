@@ -91,7 +91,9 @@ def test_run_stops_at_the_right_eval_and_keeps_the_best_checkpoint(tmp_path, mon
                    for a, b in zip(jax.tree.leaves(state.tables), jax.tree.leaves(like.tables)))
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     evals = [json.loads(x) for x in lines if '"eval"' in x]
-    assert [e["step"] for e in evals] == [2, 4, 6, 8, 10, 12, 12]  # the last: the final eval
+    # the eval that stopped the run is the final one: not evaluated (and written) twice
+    assert [e["step"] for e in evals] == [2, 4, 6, 8, 10, 12] and evals[-1]["auc"] == 0.68
+    assert summary["eval_auc"] == 0.68
 
 
 def test_keep_best_without_patience_runs_to_the_end_and_counts_the_final_eval(tmp_path,

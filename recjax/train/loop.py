@@ -149,6 +149,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
     epoch_ckpts = contract.epoch_checkpoints(total_steps)
     stopper = EarlyStopper.from_config(cfg, checkpoints)  # None unless early stop / keep_best
+    last_eval: tuple = (-1, None, None)  # (step, metrics, predictions) of the latest mid-run eval
 
     def save_best(best_ckpt) -> None:
         nonlocal paused
@@ -187,8 +188,9 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                 window, t_log, log_from = [], time.perf_counter(), step
             if tc.eval_every and step % tc.eval_every == 0 and step < stop_at:
                 t = time.perf_counter()
-                ev, _ = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
+                ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
                 writer.write({"kind": "eval", "step": step, **ev})
+                last_eval = (step, ev, preds)
                 paused += time.perf_counter() - t
                 if stopper is not None and stopper.update(step, ev):
                     stopper.save_best(save_best)
@@ -234,8 +236,11 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             raise KeyboardInterrupt
         return {"stopped_at": step, "steps": step}
 
-    ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
-    writer.write({"kind": "eval", "step": step, **ev})
+    if early and last_eval[0] == step:  # the eval that stopped the run is the final one
+        _, ev, preds = last_eval
+    else:
+        ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
+        writer.write({"kind": "eval", "step": step, **ev})
     if counters := strategy.summary():  # the algorithm's counters, as host-async runs record them
         writer.write({"kind": "counters", "step": step, **flat_scalars(counters)})
     if stopper is not None and not early and stopper.update(step, ev):
