@@ -54,37 +54,42 @@ MESHES = {"1-D data=8": ({"data": 8}, "data", 8, 8), "2-D data=2,model=4": ({"da
 
 
 @functools.cache
-def _routed_update(mesh_name: str):
+def _routed(mesh_name: str, opt_cfg: SparseOptimConfig, pooling: str = "sum", step: int = 0):
+    """``f(stores, slots, ids, mask, g) -> (stores, slots, over)``: `routing.update` of every
+    row store on `mesh_name`'s 8 fake devices (C = every entry), with the slots sharded like
+    the rows; also ``layout, plan, mesh, specs``."""
     sizes, axis, m, n_batch = MESHES[mesh_name]
-    plan, mesh = _plan(axis, m, n_batch), make_mesh(sizes)
-    opt = make_sparse_optimizer(SparseOptimConfig("sgd", lr=LR))
+    layout = make_layout(SPEC, {"emb": D}, pooling=pooling)
+    plan = embedding.make_plan(layout, KINDS, axis, m, "data", n_batch, opt_cfg.name)
+    mesh, opt = make_mesh(sizes), make_sparse_optimizer(opt_cfg)
     rows = [s for s in plan.stores if s.kind == "rows"]
     b = B // n_batch  # a data shard's examples
     split = embedding.split_rows(plan, b)
     mine = (lambda x: embedding.my_rows(plan, x)) if split else (lambda x: x)
     specs = {s.key: P(axis) for s in rows}
 
-    def body(stores, ids, mask, g):
+    def body(stores, slots, ids, mask, g):
         w = embedding.pool_weights(plan, ids, mask)
-        out, over = {}, []
+        new, new_slots, over = {}, {}, []
         for s in rows:
             r = routing.make_route(plan, s, mine(ids), mine(w), 8.0)  # C = every entry
-            out[s.key], _ = routing.update(plan, opt, s, stores[s.key], (), r, g, jnp.int32(0))
+            new[s.key], new_slots[s.key] = routing.update(plan, opt, s, stores[s.key],
+                                                          slots[s.key], r, g, jnp.int32(step))
             over.append(r.over)
-        return out, jnp.any(jnp.stack(over))
+        return new, new_slots, jnp.any(jnp.stack(over))
 
     g_spec = P(("data", axis)) if split else P("data")  # each device's own rows
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs, P("data"), P("data"), g_spec),
-                              out_specs=(specs, P())))
-    return plan, mesh, specs, f
+    f = jax.jit(jax.shard_map(body, mesh=mesh,
+                              in_specs=(specs, specs, P("data"), P("data"), g_spec),
+                              out_specs=(specs, specs, P())))
+    return layout, plan, mesh, specs, f
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 def test_routed_update_equals_sgd_on_the_reference_tables(mesh_name):
     """Kills ``n_batch > 1 -> n_batch > 2`` in `update` (routing.py:129): with 2 data groups the
     replicas of a row block would each miss the other group's gradients."""
-    plan, mesh, specs, f = _routed_update(mesh_name)
-    layout = make_layout(SPEC, {"emb": D})
+    layout, plan, mesh, specs, f = _routed(mesh_name, SparseOptimConfig("sgd", lr=LR))
     tables = {t.name: (1000.0 * (i + 1) + np.arange(t.num_embeddings)[:, None]
                        + np.arange(D)[None, :] / 8.0).astype(np.float32)
               for i, t in enumerate(layout.tables)}
@@ -96,7 +101,7 @@ def test_routed_update_equals_sgd_on_the_reference_tables(mesh_name):
         ids[:4, 0, :] = [[7, 8], [8, 8], [15, 16], [63, 0]]  # shard boundaries of "ac" (span 8)
         mask = (rng.random(ids.shape) < 0.8).astype(np.float32)
         g = (rng.integers(-3, 4, (B, SPEC.n_fields, D)) / 4).astype(np.float32)
-        new, over = f(placed, ids.astype(np.int32), mask, g)
+        new, _, over = f(placed, {k: () for k in placed}, ids.astype(np.int32), mask, g)
         assert not bool(over)
         want = {k: v.copy() for k, v in tables.items()}
         for t in layout.tables:  # SGD on the dense gradient: every entry adds -lr * w * g
@@ -149,35 +154,6 @@ def test_host_over_checks_row_stores_after_other_stores():
 B1, B2, EPS, STEP = 0.9, 0.99, 1e-8, 3
 
 
-@functools.cache
-def _routed_adam(mesh_name: str):
-    """`_routed_update` with lazy Adam (slots m, v sharded like the rows) and mean pooling."""
-    sizes, axis, m, n_batch = MESHES[mesh_name]
-    layout = make_layout(SPEC, {"emb": D}, pooling="mean")
-    plan = embedding.make_plan(layout, KINDS, axis, m, "data", n_batch, "adam")
-    opt = make_sparse_optimizer(SparseOptimConfig("adam", lr=LR, b1=B1, b2=B2, eps=EPS))
-    rows = [s for s in plan.stores if s.kind == "rows"]
-    b = B // n_batch
-    split = embedding.split_rows(plan, b)
-    mine = (lambda x: embedding.my_rows(plan, x)) if split else (lambda x: x)
-    specs = {s.key: P(axis) for s in rows}
-
-    def body(stores, slots, ids, mask, g):
-        w = embedding.pool_weights(plan, ids, mask)
-        new, new_slots = {}, {}
-        for s in rows:
-            r = routing.make_route(plan, s, mine(ids), mine(w), 8.0)
-            new[s.key], new_slots[s.key] = routing.update(plan, opt, s, stores[s.key],
-                                                          slots[s.key], r, g, jnp.int32(STEP))
-        return new, new_slots
-
-    g_spec = P(("data", axis)) if split else P("data")
-    f = jax.jit(jax.shard_map(body, mesh=make_mesh(sizes),
-                              in_specs=(specs, specs, P("data"), P("data"), g_spec),
-                              out_specs=(specs, specs)))
-    return layout, plan, specs, f
-
-
 @pytest.mark.parametrize("mesh_name", list(MESHES))
 def test_routed_adam_with_mean_pooling_equals_numpy_lazy_adam(mesh_name):
     """Routed `update` under lazy Adam at step 3, with mean pooling (weights 1/2 where both ids
@@ -185,8 +161,8 @@ def test_routed_adam_with_mean_pooling_equals_numpy_lazy_adam(mesh_name):
     per-row sums of ``w * g``. Kills ``g * w -> g / w`` (routing.py:122: with mean pooling the
     weights are not 1), ``slots -> None`` and ``step -> None`` in the optimizer call
     (routing.py:132): SGD, the other test's optimizer, reads neither."""
-    layout, plan, specs, f = _routed_adam(mesh_name)
-    mesh = make_mesh(MESHES[mesh_name][0])
+    layout, plan, mesh, specs, f = _routed(
+        mesh_name, SparseOptimConfig("adam", lr=LR, b1=B1, b2=B2, eps=EPS), "mean", STEP)
     rng = np.random.default_rng(1)
     tables = {t.name: rng.normal(size=(t.num_embeddings, D)).astype(np.float32)
               for t in layout.tables}
@@ -199,16 +175,13 @@ def test_routed_adam_with_mean_pooling_equals_numpy_lazy_adam(mesh_name):
     mask = (rng.random(ids.shape) < 0.8).astype(np.float32)
     mask[:4] = 1.0  # some fields with both ids present: weight 1/2
     g = rng.normal(size=(B, SPEC.n_fields, D)).astype(np.float32)
-    new, new_slots = f(put(embedding.to_stores(plan, tables)),
-                       put(embedding.to_stores(plan, slots)), ids.astype(np.int32), mask, g)
+    new, new_slots, _ = f(put(embedding.to_stores(plan, tables)),
+                          put(embedding.to_stores(plan, slots)), ids.astype(np.int32), mask, g)
     got = embedding.from_stores(plan, new)
     got_slots = embedding.from_stores(plan, new_slots)
     w = mask / np.maximum(mask.sum(-1, keepdims=True), 1.0)
     t = STEP + 1
-    for tab in layout.tables:
-        if not any(s.kind == "rows" and tab.name in [mm.table.name for mm in s.members]
-                   for s in plan.stores):
-            continue
+    for tab in layout.tables:  # every table is in a row store (KINDS)
         gsum = np.zeros(tables[tab.name].shape)
         for fi in tab.field_index:
             for bi in range(B):
