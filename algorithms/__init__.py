@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from algorithms import async_ps, gba, shadowsync
-from algorithms.runtime.engine import HOST_ASYNC, run_in_segments
+from algorithms.runtime.segments import HOST_ASYNC, run_in_segments
 from recjax.config import Config
 from recjax.train import loop
 

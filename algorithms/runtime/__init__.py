@@ -6,6 +6,7 @@
 * ``supply.py``: batch supplies (static per-worker shards, GBA's shared data list);
 * ``stragglers.py``: seeded slowdown models;
 * ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files);
+* ``segments.py``: a run from checkpoint to checkpoint (``train.ckpt_every``), roles' stop signals;
 * ``report.py``: progress bar, train / eval / counters records and TensorBoard while it runs;
 * ``ray_backend.py``: ``--backend ray``, the shards, worker groups and servers as Ray actors.
 

@@ -31,10 +31,8 @@ GBA's workers take ``B_a``-row entries and M of them are one global step.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,6 +42,7 @@ import numpy as np
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime import report, stragglers
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, Work, run_threaded, run_virtual
+from algorithms.runtime.segments import SEGMENT, Abandoned, stoppable
 from algorithms.runtime.supply import SharedList, StaticShards
 from algorithms.runtime.watchdog import Watchdog
 from recjax.concurrency import ThreadGroup
@@ -243,7 +242,7 @@ class Runtime:
                 capacity=cfg.embed.capacity, seed=tc.seed, init=_init_scale(cfg),
                 admit_probability=cfg.embed.admit_probability))
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
-        run_start = _SEGMENT.get()  # set when this goes on from the run's periodic checkpoint
+        run_start = SEGMENT.get()  # set when this goes on from the run's periodic checkpoint
         self.resuming = tc.resume or run_start is not None
         self.ckpt, state, self.progress = contract.open_run(cfg, state, resume=self.resuming)
         self.init_state = state
@@ -456,7 +455,7 @@ class Runtime:
             # periodic checkpoints the first one lets the interval finish (its checkpoint keeps
             # the run bit-reproducible), a second one abandons the interval.
             stop_at = 2 if self.periodic else 1
-            roles = [dataclasses.replace(r, role=_stoppable(r.role, stop_at)) for r in roles]
+            roles = [dataclasses.replace(r, role=stoppable(r.role, stop_at)) for r in roles]
         else:
             roles = [dataclasses.replace(r, role=dog.watch(i, r.role))
                      for i, r in enumerate(roles)]
@@ -482,7 +481,7 @@ class Runtime:
             return sched
         except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint
             self.report.close()
-            if isinstance(e, _Abandoned):
+            if isinstance(e, Abandoned):
                 last = self.ckpt.latest_step() if self.ckpt is not None else None
                 print(f"stopped at once; the checkpoint at step {last} is the latest")
             elif isinstance(e, (*self._stop_saving, TimeoutError)):
@@ -566,70 +565,6 @@ class Runtime:
         self.report.final(step, sched.seconds, ev, extra)
         contract.write_summary(cfg, summary, preds)
         return summary | {"final_state": state, "schedule": sched}
-
-
-# The step a run of several checkpoint intervals started at (`run_in_segments` sets it while it
-# calls the algorithm for the second interval on; None: the call is the run's first).
-_SEGMENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("recjax_segment",
-                                                                      default=None)
-
-HOST_ASYNC = ("async", "shadow", "fr", "gba", "persia")  # the algorithms that run on this engine
-
-
-class _Abandoned(KeyboardInterrupt):
-    """A second stop signal on the virtual clock: the interval is dropped, not checkpointed."""
-
-
-def _stoppable(role, stop_at: int):
-    """`role`, ending the run (KeyboardInterrupt) before its next event once `stop_at` stop
-    signals have come; a second signal abandons without a checkpoint (`_Abandoned`)."""
-    value = None
-    try:
-        while True:
-            n = signals.requested()
-            if n >= stop_at:
-                raise _Abandoned() if stop_at == 2 else KeyboardInterrupt()
-            try:
-                effect = role.send(value)
-            except StopIteration:
-                return
-            value = yield effect
-    finally:
-        role.close()
-
-
-def run_in_segments(run: Callable[[Config], dict], cfg: Config) -> dict:
-    """Run a host-async algorithm from checkpoint to checkpoint (issue 16, item 5).
-
-    With ``--train.ckpt_every=K`` and ``--out``, each call of `run` builds the roles afresh
-    from the latest checkpoint, runs them to the next multiple of K, where every role has
-    stopped (a step boundary, nothing in flight), and checkpoints there (`Runtime.finish`); the
-    next call goes on from it exactly as ``--resume`` would. A run with checkpoints is thus the
-    chain of its own resumptions, and with ``--deterministic`` a run killed at any moment and
-    resumed equals the uninterrupted one bit for bit. What lives only in the roles restarts at
-    each checkpoint, as on every ``--resume``: ShadowSync's replicas from their mean, the
-    virtual clock and the links from zero; summary counters cover the last interval.
-
-    Signals: in threads the first SIGINT/SIGTERM stops the roles and checkpoints their state
-    (`Runtime.execute`); on the virtual clock it lets the interval finish and checkpoint, and a
-    second one abandons the interval, keeping the checkpoint before it.
-    """
-    with signals.stop_requests(raise_on_second=False) as stop:
-        start = None
-        while True:
-            token = _SEGMENT.set(start)
-            try:
-                out = run(cfg)
-            finally:
-                _SEGMENT.reset(token)
-            if not out.pop("next_segment", False):
-                out.pop("run_start", None)
-                return out
-            start = out["run_start"]
-            if stop.count:
-                print(f"stopped at step {out['steps']}; resume with --resume --out "
-                      f"{cfg.train.out}")
-                raise KeyboardInterrupt
 
 
 def histogram_summary(hist: dict[int, int]) -> dict:
