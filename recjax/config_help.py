@@ -14,6 +14,7 @@ import textwrap
 import typing
 
 from recjax import config as C
+from recjax import config_async as A
 from recjax.embeddings.sparse_optim import SPARSE_OPTIMIZERS
 from recjax.models.config import MODEL_NAMES
 from recjax.train.features import MONITORS, SCHEDULES
@@ -25,9 +26,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "runtime.placement": ("mod", "binpack"), "runtime.backend": ("threads", "virtual", "ray"),
     "shadowsync.sync": ("easgd", "ma", "bmuf", "none"),
     "shadowsync.return_model": ("first", "average"),
-    "gba.mode": C.GBA_MODES, "gba.embedding_mean": ("touched", "buffer"),
+    "gba.mode": A.GBA_MODES, "gba.embedding_mean": ("touched", "buffer"),
     "gba.embedding_staleness": ("id", "token"), "gba.dense_mean": ("buffer", "kept"),
-    "persia.mode": C.PERSIA_MODES, "persia.compress": C.PERSIA_COMPRESS,
+    "persia.mode": A.PERSIA_MODES, "persia.compress": A.PERSIA_COMPRESS,
     "train.compile_cache": ("auto", "off", "DIR"),
     "dense.lr_schedule": SCHEDULES, "train.monitor": tuple(MONITORS),
 }
