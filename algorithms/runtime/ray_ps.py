@@ -16,7 +16,15 @@ import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime.ray_backend import Cluster, ShardGrads, _ray, parse_kill, sigkill
+from algorithms.runtime.ray_backend import (
+    Cluster,
+    ShardGrads,
+    _ray,
+    pack_rows,
+    parse_kill,
+    sigkill,
+    unpack_sums,
+)
 from recjax.config import Config, RayConfig
 from recjax.embeddings import make_sparse_optimizer
 from recjax.embeddings.dynamic import LruStore
@@ -56,6 +64,14 @@ class ShardServer:
 
     def push(self, rows: ps_lib.Rows, grads: dict) -> None:
         self.shard.push(rows, grads)
+
+    def pull_rows(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
+        """`pull` as it travels to a worker actor: the real rows only (`pack_rows`)."""
+        return pack_rows(self.pull(rows, admit), rows)
+
+    def push_rows(self, rows: ps_lib.Rows, sums: dict) -> None:
+        """`push` of a worker actor's per-row summed gradients, real rows only (`unpack_sums`)."""
+        self.shard.push(rows, unpack_sums(sums, rows))
 
     def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
         self.shard.warm(rows, grads)
