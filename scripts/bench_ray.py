@@ -13,7 +13,11 @@ each run's actor start and compile are outside the timed part, which is the role
    (``--stragglers slow:k=W,factor=F``: every worker sleeps (F - 1) x its measured compute
    after each step), on Ray; throughput at 4 workers / at 1 (4 if nothing serializes them).
 3. ``call``: one pull and one push of a B-row DLRM batch through a PS shard actor vs the
-   shard in this process (ms, median over 50 calls, and the bytes each moves).
+   shard in this process (ms, median over 50 calls, and the bytes each moves; a worker
+   actor's own pull and push move only the batch's real rows, ``worker_actor_*_bytes``).
+4. ``real`` (``--real 1,2,4,8``, for a host with the cores: not in `bench_ray`): the async PS
+   on Ray with 1, 2, 4, 8 worker processes doing real compute (dlrm_kaggle, B = --batch-size,
+   --per-worker steps each, one XLA thread per process), throughput at W workers / at 1.
 `bench_ray(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
 """
 
@@ -54,7 +58,13 @@ def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers:
 def _eps(cfg) -> float:
     from algorithms import async_ps
 
-    return async_ps.run(cfg)["segment_examples_per_sec"]
+    t = time.perf_counter()
+    eps = async_ps.run(cfg)["segment_examples_per_sec"]
+    rt = cfg.runtime
+    print(f"  {rt.backend} workers={rt.trainers} B={cfg.train.batch_size} steps={cfg.train.steps}"
+          f" {rt.stragglers}: {eps:,.0f} ex/s ({time.perf_counter() - t:.1f} s with start-up)",
+          file=sys.stderr, flush=True)
+    return eps
 
 
 def bench_processes(repeats: int, steps: int, batch: int) -> dict:
@@ -87,10 +97,31 @@ def bench_scaling(repeats: int, steps: int, batch: int, factor: float) -> dict:
                 [a / b for a, b in zip(eps[2], eps[1])]), "all": eps}
 
 
+def bench_real(repeats: int, workers: list[int], per_worker: int, batch: int,
+               shards: int = 0) -> dict:
+    """Ray worker processes with real compute: examples/sec at each W and its speedup over 1."""
+    eps: dict[int, list[float]] = {w: [] for w in workers}
+    for r in range(repeats):
+        for w in workers:
+            cfg = bench_config("ray", w, per_worker * w, batch, seed=r)
+            if shards:
+                cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime,
+                                                                           ps_shards=shards))
+            eps[w].append(_eps(cfg))
+    base = workers[0]
+    return {"name": "ray/real", "model": "dlrm_kaggle", "batch_size": batch, "ps_shards": shards,
+            "steps_per_worker": per_worker, "repeats": repeats,
+            "examples_per_sec_median": {str(w): statistics.median(v) for w, v in eps.items()},
+            f"speedup_over_{base}_median": {
+                str(w): statistics.median([a / b for a, b in zip(eps[w], eps[base])])
+                for w in workers}, "all": eps}
+
+
 def bench_call(batch: int, n: int = 50) -> dict:
     """One pull and one push through a shard actor vs the same shard in this process."""
     import jax
 
+    from algorithms.runtime import ray_backend
     from algorithms.runtime.engine import Runtime
 
     def med(f) -> float:
@@ -118,6 +149,11 @@ def bench_call(batch: int, n: int = 50) -> dict:
                                     + sum(ids.nbytes for ids, _ in rows.values()))
             out["push_bytes"] = int(sum(i.nbytes + g.nbytes for i, g in rg.values())
                                     + sum(ids.nbytes for ids, _ in rows.values()))
+            # a worker actor's own pull and push carry the batch's real rows only
+            ids_bytes = sum(ids.nbytes for ids, _ in rows.values())
+            real = ray_backend.pack_rows(minis, rows)
+            out["worker_actor_pull_bytes"] = int(sum(v.nbytes for v in real.values()) + ids_bytes)
+            out["worker_actor_push_bytes"] = out["worker_actor_pull_bytes"]
         finally:
             rt.close()
     return out
@@ -141,8 +177,22 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--real", help="only measurement 4, at these worker counts (e.g. 1,2,4,8)")
+    p.add_argument("--per-worker", type=int, default=16, help="--real: steps per worker")
+    p.add_argument("--batch-size", type=int, default=4096, help="--real: the batch size")
+    p.add_argument("--ps-shards", type=int, default=0, help="--real: PS shards (0: the config's)")
     a = p.parse_args(argv)
-    rows = bench_ray(a.repeats, a.quick)
+    if a.real:
+        from algorithms.runtime import ray_backend
+
+        cluster = ray_backend.Cluster(RayConfig())
+        try:
+            rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
+                               a.batch_size, a.ps_shards)]
+        finally:
+            cluster.stop()
+    else:
+        rows = bench_ray(a.repeats, a.quick)
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("all")}))
     if a.json:
