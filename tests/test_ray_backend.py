@@ -146,17 +146,21 @@ RUNNERS = {"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["async", "shadow", "fr", "gba", "persia"])
 def test_converges_as_on_threads(cluster, algo):
-    """Each algorithm reaches the eval NE of its threaded run on the teacher data, within 0.04
-    NE: two threaded runs of the GBA config differ by up to 0.026 NE (measured: 0.9717 and
-    0.9465), because the interleaving of Hogwild pushes differs run to run on either backend;
-    Ray's slower calls only change the interleaving."""
+    """Each algorithm reaches the eval NE of its threaded runs on the teacher data, within 0.04
+    NE of the mean of two of them. One threaded run is a noisy reference: the interleaving of
+    Hogwild pushes (and ShadowSync's background syncs) differs run to run on either backend,
+    and Ray's slower calls only change the interleaving. Measured spreads: two GBA runs 0.9717
+    and 0.9465; eight ShadowSync runs 0.937-0.959 (idle box and three busy loops beside it),
+    and once, in `.ci/run` under the other tests' load, 0.9916 against Ray's 0.9434 (a
+    difference of 0.048 from one run, 0.025 from the mean of that one and a typical 0.945)."""
     base = small_cfg(algo, steps=150, dense=("adam", 0.01), sparse=("adagrad", 0.05),
                      **CONVERGE[algo])
-    t = RUNNERS[algo](on_threads(base))
+    t, t2 = (RUNNERS[algo](on_threads(base)) for _ in range(2))
     r = RUNNERS[algo](on_ray(base))
     assert r["backend"] == "ray" and t["backend"] == "threads"
-    assert r["steps"] == t["steps"] == 150
-    assert abs(r["eval_ne"] - t["eval_ne"]) < 0.04, (r["eval_ne"], t["eval_ne"])
+    assert r["steps"] == t["steps"] == t2["steps"] == 150
+    want = (t["eval_ne"] + t2["eval_ne"]) / 2
+    assert abs(r["eval_ne"] - want) < 0.04, (r["eval_ne"], t["eval_ne"], t2["eval_ne"])
     assert r["eval_ne"] < 0.99  # it learned (a constant predictor is 1.0)
     assert r["lost_roles"] == [] and r["ps_restarts"] == 0
     # the counters the threaded run reports are there and add up
