@@ -195,8 +195,9 @@ def host_value(x: Any) -> Any:
 # -- rows as they travel between a worker actor and a shard actor ------------------------------
 # A batch's mini table has a fixed row count M (jit shapes), but only its first n rows are real
 # (n unique ids; on dlrm_kaggle batches of 4096 about 22% of M). Between actors only those n
-# rows travel, each way; the receiver pads with zeros. Exact: the filler rows are never looked
-# up, and a shard writes back only the first n rows (`ps.EmbeddingShard.push`).
+# rows travel, each way; the receiver pads with zeros. The same update: the filler rows are never
+# looked up, and a shard writes back only the first n rows (`ps.EmbeddingShard.push`); the sums
+# pushed are the sparse optimizer's own, to rounding under SGD (`unpack_sums`).
 def pack_rows(minis: dict, rows: dict) -> dict:
     """The real rows of each mini table, ``name -> f32[n, D]`` (``rows[name] = (ids, n)``)."""
     return {k: v[:rows[k][1]] for k, v in minis.items()}
