@@ -197,7 +197,7 @@ def host_value(x: Any) -> Any:
 # (n unique ids; on dlrm_kaggle batches of 4096 about 22% of M). Between actors only those n
 # rows travel, each way; the receiver pads with zeros. The same update: the filler rows are never
 # looked up, and a shard writes back only the first n rows (`ps.EmbeddingShard.push`); the sums
-# pushed are the sparse optimizer's own, to rounding under SGD (`unpack_sums`).
+# pushed are the sparse optimizer's own, to rounding under SGD (`row_push`).
 def pack_rows(minis: dict, rows: dict) -> dict:
     """The real rows of each mini table, ``name -> f32[n, D]`` (``rows[name] = (ids, n)``)."""
     return {k: v[:rows[k][1]] for k, v in minis.items()}
@@ -213,13 +213,17 @@ def unpack_rows(part: dict, rows: dict) -> dict:
     return out
 
 
+def row_push(sums: dict) -> dict:
+    """Per-row summed gradients ``name -> f32[M, D]`` as a shard's push takes them:
+    ``name -> (local ids 0..M-1, sums)``. The sparse optimizer's coalesce of distinct ids adds
+    nothing, so the update is the one from per-entry gradients (to rounding under SGD, which
+    scales each entry before adding)."""
+    return {k: (np.arange(len(v), dtype=np.int32), v) for k, v in sums.items()}
+
+
 def unpack_sums(part: dict, rows: dict) -> dict:
-    """A push of per-row summed gradients (`pack_rows` of ``grads_rows``) as the shard's push
-    takes it: ``name -> (local ids 0..M-1, f32[M, D])``; the sparse optimizer's coalesce of
-    distinct ids adds nothing, so the update equals the one from per-entry gradients up to
-    the order of the additions (the same order for the coalescing optimizers; SGD adds per
-    entry, ~1 ulp apart)."""
-    return {k: (np.arange(len(v), dtype=np.int32), v) for k, v in unpack_rows(part, rows).items()}
+    """A push of `pack_rows` of per-row sums (``grads_rows``), padded back, as `row_push`."""
+    return row_push(unpack_rows(part, rows))
 
 
 # -- hosted servers -----------------------------------------------------------------------------
@@ -334,11 +338,11 @@ class ComputeServer:
         actor dead to its gradients (the driver restarts it and pushes them).
         A shard that died under the pull raises `RayActorError` to the caller."""
         ray = _ray()
-        refs = [h.pull_rows.remote(part, True) for h, part in shards if h is not None]
+        live = [(h, part) for h, part in shards if h is not None]
+        refs = [h.pull_rows.remote(part, True) for h, part in live]
         if isinstance(params, list):
             params = ray.get(params[0])
-        parts = [unpack_rows(got, part) for got, (h, part) in
-                 zip(ray.get(refs), [s for s in shards if s[0] is not None])]
+        parts = [unpack_rows(got, part) for got, (_, part) in zip(ray.get(refs), live)]
         # pushed from here: one summed row per unique id, and only the real ones (`pack_rows`)
         m, g, *per = self.compute(params, local, coalesce or push, *parts)
         if not push:
@@ -350,7 +354,7 @@ class ComputeServer:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
-                failed[s] = unpack_sums(pack_rows(per[s], shards[s][1]), shards[s][1])
+                failed[s] = row_push(per[s])  # the driver's retry: its own push
         return ((m, failed), g, *[None] * len(per))
 
     def add(self, name: str, factory, *args) -> None:
