@@ -235,6 +235,31 @@ def test_killed_ps_shard_restarts_from_its_snapshot(cluster):
     assert np.isfinite(s["eval_ne"]) and s["eval_ne"] < 1.0
 
 
+@pytest.mark.slow
+def test_restarted_shard_keeps_the_state_it_was_set_to(cluster):
+    """A shard set wholesale (a resumed checkpoint's rows, the optimizer step) and then killed
+    restarts from that state, not from the tables it was built with; and one whose every
+    snapshot died with it stops with `PsFailed` saying so (not a ``ray.get(None)`` error)."""
+    from recjax.embeddings.sparse_optim import SparseOptimConfig
+
+    rows = {"a": (np.arange(4), 4)}
+    built, resumed = np.zeros((6, 3), np.float32), np.arange(18, dtype=np.float32).reshape(6, 3)
+    args = (0, SparseOptimConfig(name="sgd", lr=0.1), {"a": built}, {"a": ()}, None)
+    sh = ray_ps.ShardProxy(cluster, 0, ["a"], args, RayConfig(max_ps_restarts=2))
+    try:
+        sh.call("set_tables", {"a": resumed}, {"a": ()})
+        sh.step = 7
+        ray_backend.sigkill(sh.handle, sh.pid)
+        np.testing.assert_array_equal(sh.pull(rows)["a"], resumed[:4])
+        assert sh.restarts == 1 and sh.pushes_lost == 0 and sh.step == 7
+        ray_backend.sigkill(sh.handle, sh.pid)
+        sh._resnapshot()  # taken from the dead actor: no snapshot survives
+        with pytest.raises(ray_ps.PsFailed, match="no snapshot of it survived"):
+            sh.pull(rows)
+    finally:
+        ray.kill(sh.handle)
+
+
 def _train(args: list[str], mark: str, log) -> subprocess.Popen:
     """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)

@@ -99,6 +99,10 @@ class ShardServer:
         self.shard.step = step
 
 
+# `ShardServer` calls that set a shard's state wholesale: a snapshot is taken right after them
+_RESETS = ("restore", "set_tables", "set_step")
+
+
 class ShardProxy:
     """The driver's handle of one PS shard actor: calls, snapshots, restarts.
 
@@ -158,7 +162,20 @@ class ShardProxy:
         return out
 
     def call(self, method: str, *args) -> Any:
-        return self.result(self.submit(method, *args), method, *args)
+        out = self.result(self.submit(method, *args), method, *args)
+        if method in _RESETS:
+            self._resnapshot()
+        return out
+
+    def _resnapshot(self) -> None:
+        """The shard's state was set wholesale (a resumed checkpoint, GBA's undone probe, the
+        optimizer step): a restart goes back to this state, not to an older snapshot. Waited
+        for (these calls are rare), so that a death right after still finds it."""
+        if self._cluster is None:
+            return
+        with self._lock:
+            self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), self.pushes, None
+            _ray().wait([self._snap])
 
     def will_push(self) -> None:
         """A worker actor is about to push to this shard itself (`ComputeServer.step`): the
@@ -196,6 +213,8 @@ class ShardProxy:
                                "with the checkpoint it has") from error
             snap, at = None, 0
             for ref, when in ((self._snap, self._snap_at), (self._prev, self._prev_at)):
+                if ref is None:
+                    continue
                 try:
                     snap, at = ray.get(ref), when
                     break
