@@ -260,6 +260,25 @@ def test_restarted_shard_keeps_the_state_it_was_set_to(cluster):
         ray.kill(sh.handle)
 
 
+@pytest.mark.slow
+def test_train_on_arrays_under_ray(cluster):
+    """`recjax.fit` on an `ArraySource` (in this process only) under Ray: the driver reads the
+    arrays and the actors get batches, so it learns the teacher as on threads."""
+    import recjax
+    from tests.test_api import _auc_ne, _teacher
+
+    dense, ids, label, p, vocab = _teacher(6000, seed=3)
+    train = recjax.ArraySource(label[:5000], dense[:5000], ids[:5000], vocab_sizes=vocab)
+    valid = recjax.ArraySource(label[5000:], dense[5000:], ids[5000:], vocab_sizes=vocab)
+    s = recjax.fit("smoke", train=train, eval=valid, overrides={
+        "model.name": "lr", "train.batch_size": 128, "train.epochs": 2, "train.progress": False,
+        "sparse.lr": 0.3, "dense.lr": 0.03, "train.algo": "async", "runtime.trainers": 2,
+        "runtime.backend": "ray", "train.deterministic": False})
+    bayes_auc, _ = _auc_ne(label[5000:], p[5000:])
+    assert s["eval_examples"] == 1000 and s["ray_worker_groups"] >= 2
+    assert s["eval_auc"] > bayes_auc - 0.05, (s["eval_auc"], bayes_auc)
+
+
 def _train(args: list[str], mark: str, log) -> subprocess.Popen:
     """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)
