@@ -279,6 +279,47 @@ def test_train_on_arrays_under_ray(cluster):
     assert s["eval_auc"] > bayes_auc - 0.05, (s["eval_auc"], bayes_auc)
 
 
+@pytest.mark.slow
+def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
+    """`ComputeServer.step` pushes a batch's row gradients from the worker actor; a push
+    whose shard actor died returns them (`failed`), and the driver's retry on the restarted
+    shard updates it as a direct push of the step's per-entry row gradients does (numpy's
+    SGD on the pulled rows is the reference, not the backend's code)."""
+    import types
+
+    from algorithms.runtime import ps as ps_lib
+    from recjax.data.synthetic import SyntheticSource
+    from recjax.train.setup import build
+
+    cfg = small_cfg("async", sparse=("sgd", 0.5))
+    src = SyntheticSource(cfg.synthetic)
+    model, _, _, state = build(cfg, src.spec)
+    names = [t.name for t in model.layout.tables]
+    server = ray_backend.ComputeServer(cfg, src.spec, cfg.train.batch_size, [names])
+    local, rows = ps_lib.localize(model.layout, worker_batches(cfg, 0, 1, 1)[0])
+    tables = {k: np.asarray(state.tables[k]) for k in names}
+    args = (0, cfg.sparse, tables, {k: () for k in names}, None)
+    live, dead = (cluster.spawn(ray_ps.ShardServer, *args) for _ in range(2))
+    ray.get(dead.pid.remote())
+    ray.kill(dead)
+    split = types.SimpleNamespace(pull_rows=live.pull_rows, push_rows=dead.push_rows)
+    try:
+        (m, failed), g, none = server.step(state.params, local, False, True, [(split, rows)])
+        assert none is None and set(failed) == {0}
+        _, _, per_entry = server.compute(state.params, local, False, ray.get(live.pull.remote(rows)))
+        ray.get(live.push.remote(rows, failed[0]))  # the driver's retry (`_Pushed`)
+        got = ray.get(live.snapshot.remote())[0]
+        for k in names:
+            ids, n = rows[k]
+            want = tables[k].copy()
+            entry_local, entry_g = per_entry[k]
+            np.add.at(want, ids[np.asarray(entry_local)], -0.5 * np.asarray(entry_g))
+            np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6, err_msg=k)
+        assert any(not np.array_equal(got[k], tables[k]) for k in names)
+    finally:
+        ray.kill(live)
+
+
 def _train(args: list[str], mark: str, log) -> subprocess.Popen:
     """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)
