@@ -120,8 +120,10 @@ class ShardProxy:
         self._snap = self._prev = None
         self._snap_at = self._prev_at = 0
         if cluster is not None and names:
-            self._spawn()
+            self.handle, self.pid = self._spawn()
             self._snap = self.handle.snapshot.remote()
+            # a restart restores a snapshot into an empty shard: the driver keeps no tables
+            self._args = (*args[:2], {}, {}, args[4])
 
     def __getstate__(self):  # a client in another actor (GBA's PS0): no restarts there
         return {"index": self.index, "names": self.names, "tables": self.tables,
@@ -131,11 +133,10 @@ class ShardProxy:
         self.__dict__.update(state, _cluster=None, _lock=threading.Lock(), _kill_at=0,
                              restarts=0, pushes_lost=0, pushes=0, _snap=None, _prev=None)
 
-    def _spawn(self) -> None:
-        self.handle = self._cluster.spawn(ShardServer, *self._args,
-                                          concurrency=self._rc.ps_concurrency,
-                                          resource=self._rc.ps_resource)
-        self.pid = _ray().get(self.handle.pid.remote())
+    def _spawn(self) -> tuple[Any, int]:
+        handle = self._cluster.spawn(ShardServer, *self._args, concurrency=self._rc.ps_concurrency,
+                                     resource=self._rc.ps_resource)
+        return handle, _ray().get(handle.pid.remote())
 
     def submit(self, method: str, *args) -> tuple[int, Any]:
         if method == "push" and self._kill_at:
@@ -223,8 +224,11 @@ class ShardProxy:
             if snap is None:
                 raise PsFailed(f"embedding PS shard {self.index} died and no snapshot of it "
                                "survived") from error
-            self._spawn()
-            ray.get(self.handle.restore.remote(snap))
+            # published only once restored: a request of another thread must not reach the
+            # new actor before its rows do
+            handle, pid = self._spawn()
+            ray.get(handle.restore.remote(snap))
+            self.handle, self.pid = handle, pid
             self.restarts += 1
             self.pushes_lost += self.pushes - at
             self.pushes = at
