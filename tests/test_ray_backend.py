@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -280,12 +281,64 @@ def test_train_on_arrays_under_ray(cluster):
 
 
 @pytest.mark.slow
+def test_no_request_reaches_a_restarted_shard_before_its_rows(cluster, monkeypatch):
+    """While one thread restarts a dead shard, another thread's pull waits for the restored
+    rows: the new actor is published only after its snapshot is restored. The second pull is
+    made from inside the restart, just before the restore (a wrapped handle), so the order
+    is forced; before, that pull reached the new, still empty actor."""
+    import threading
+
+    from recjax.embeddings.sparse_optim import SparseOptimConfig
+
+    rows = {"a": (np.arange(4), 4)}
+    table = np.arange(18, dtype=np.float32).reshape(6, 3)
+    args = (0, SparseOptimConfig(name="sgd", lr=0.1), {"a": table}, {"a": ()}, None)
+    sh = ray_ps.ShardProxy(cluster, 0, ["a"], args, RayConfig(max_ps_restarts=2))
+    other = {}
+
+    def pull_from_another_thread():
+        try:
+            other["rows"] = sh.pull(rows)["a"]
+        except Exception as e:  # noqa: BLE001 (the assertion below shows it)
+            other["rows"] = e
+
+    class Handle:  # the new actor's handle; its restore first lets another thread pull
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        @property
+        def restore(self):
+            def remote(snap):
+                t = threading.Thread(target=pull_from_another_thread)
+                t.start()
+                t.join(2.0)  # blocked on the restart's lock, as it should be, or done
+                other["thread"] = t
+                return self.real.restore.remote(snap)
+            return types.SimpleNamespace(remote=remote)
+
+    spawn = ray_ps.ShardProxy._spawn
+    monkeypatch.setattr(ray_ps.ShardProxy, "_spawn",
+                        lambda self: (lambda h, pid: (Handle(h), pid))(*spawn(self)))
+    try:
+        ray_backend.sigkill(sh.handle, sh.pid)
+        np.testing.assert_array_equal(sh.pull(rows)["a"], table[:4])
+        other["thread"].join(30)
+        assert not isinstance(other["rows"], Exception), repr(other["rows"])
+        np.testing.assert_array_equal(other["rows"], table[:4])
+        assert sh.restarts == 1
+    finally:
+        ray.kill(getattr(sh.handle, "real", sh.handle))
+
+
+@pytest.mark.slow
 def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
     """`ComputeServer.step` pushes a batch's row gradients from the worker actor; a push
     whose shard actor died returns them (`failed`), and the driver's retry on the restarted
     shard updates it as a direct push of the step's per-entry row gradients does (numpy's
     SGD on the pulled rows is the reference, not the backend's code)."""
-    import types
 
     from algorithms.runtime import ps as ps_lib
     from recjax.data.synthetic import SyntheticSource

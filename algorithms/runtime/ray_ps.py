@@ -122,6 +122,7 @@ class ShardProxy:
         if cluster is not None and names:
             self.handle, self.pid = self._spawn()
             self._snap = self.handle.snapshot.remote()
+            _ray().wait([self._snap])  # so that a death from here on finds a snapshot
             # a restart restores a snapshot into an empty shard: the driver keeps no tables
             self._args = (*args[:2], {}, {}, args[4])
 
