@@ -234,6 +234,7 @@ class ShardProxy:
             self.pushes_lost += self.pushes - at
             self.pushes = at
             self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), at, None
+            ray.wait([self._snap])  # a second death soon after still finds a snapshot
             self._gen += 1
             print(f"recjax: embedding PS shard {self.index} died; restarted from its snapshot "
                   f"at push {at} ({self.pushes_lost} pushes lost so far)", flush=True)
