@@ -121,8 +121,7 @@ class ShardProxy:
         self._snap_at = self._prev_at = 0
         if cluster is not None and names:
             self.handle, self.pid = self._spawn()
-            self._snap = self.handle.snapshot.remote()
-            _ray().wait([self._snap])  # so that a death from here on finds a snapshot
+            self._snapshot_now(0)
             # a restart restores a snapshot into an empty shard: the driver keeps no tables
             self._args = (*args[:2], {}, {}, args[4])
 
@@ -171,13 +170,18 @@ class ShardProxy:
 
     def _resnapshot(self) -> None:
         """The shard's state was set wholesale (a resumed checkpoint, GBA's undone probe, the
-        optimizer step): a restart goes back to this state, not to an older snapshot. Waited
-        for (these calls are rare), so that a death right after still finds it."""
+        optimizer step): a restart goes back to this state, not to an older snapshot."""
         if self._cluster is None:
             return
         with self._lock:
-            self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), self.pushes, None
-            _ray().wait([self._snap])
+            self._snapshot_now(self.pushes)
+
+    def _snapshot_now(self, at: int) -> None:
+        """The only snapshot from now on (the state after push `at`), waited for: taken at
+        the start, after a wholesale set and after a restart, all rare, so that a death right
+        after still finds it."""
+        self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), at, None
+        _ray().wait([self._snap])
 
     def will_push(self) -> None:
         """A worker actor is about to push to this shard itself (`ComputeServer.step`): the
@@ -233,8 +237,7 @@ class ShardProxy:
             self.restarts += 1
             self.pushes_lost += self.pushes - at
             self.pushes = at
-            self._snap, self._snap_at, self._prev = self.handle.snapshot.remote(), at, None
-            ray.wait([self._snap])  # a second death soon after still finds a snapshot
+            self._snapshot_now(at)
             self._gen += 1
             print(f"recjax: embedding PS shard {self.index} died; restarted from its snapshot "
                   f"at push {at} ({self.pushes_lost} pushes lost so far)", flush=True)
