@@ -268,8 +268,8 @@ class Runtime:
         else:
             self.ps = self._make_ps(state.tables, state.slots, None)
         for shard in self.ps.shards:  # the sparse optimizer's step goes on from the checkpoint
-            if shard.tables:
-                shard.step = self.start_step
+            if shard.tables and self.start_step:  # (a new shard's is 0; under Ray a set costs
+                shard.step = self.start_step      # a snapshot of its tables)
         # The PS owns the tables from here (its shards made their own copies): the engine keeps
         # the dense state only, or the host would hold every table twice (dlrm_kaggle: 1.1 GB).
         self.init_state = self.init_state._replace(tables={}, slots={})
