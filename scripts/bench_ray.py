@@ -149,8 +149,8 @@ def bench_call(batch: int, n: int = 50) -> dict:
                                     + sum(ids.nbytes for ids, _ in rows.values()))
             out["push_bytes"] = int(sum(i.nbytes + g.nbytes for i, g in rg.values())
                                     + sum(ids.nbytes for ids, _ in rows.values()))
-            # a worker actor's own pull and push carry the batch's real rows only
-            ids_bytes = sum(ids.nbytes for ids, _ in rows.values())
+            # a worker actor's own pull and push carry the batch's real ids and rows only
+            ids_bytes = sum(real.nbytes for real, _, _ in ray_backend.wire_rows(rows).values())
             real = ray_backend.pack_rows(minis, rows)
             out["worker_actor_pull_bytes"] = int(sum(v.nbytes for v in real.values()) + ids_bytes)
             out["worker_actor_push_bytes"] = out["worker_actor_pull_bytes"]

@@ -18,6 +18,8 @@ import types
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ray = pytest.importorskip("ray")
 
@@ -131,6 +133,37 @@ def test_ps_actor_serves_the_same_rows_as_a_local_shard(cluster):
         finally:
             rt_t.close()
             rt_r.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("init, by_id", [("dlrm", False), ("0.05", True)])
+def test_shards_draw_their_own_tables(cluster, monkeypatch, init, by_id):
+    """Under Ray a fresh run's tables are drawn by the PS shard actors, never in the driver
+    (whose host would otherwise hold every table): the driver's `init_tables` is made to
+    fail, and the shards' tables and slots are, to the bit, the ones `build` draws for the
+    threaded PS."""
+    from algorithms.runtime.engine import Runtime
+    from recjax.train import setup
+
+    base = small_cfg("async", steps=4, sparse=("adagrad", 0.05), ps_shards=2)
+    base = dataclasses.replace(base, embed=dataclasses.replace(base.embed, init=init,
+                                                               init_by_id=by_id))
+    rt_t = Runtime(on_threads(base), 1)
+    try:
+        want = rt_t.ps.snapshot()
+    finally:
+        rt_t.close()
+
+    def no_tables_here(*a, **k):
+        raise AssertionError("the driver drew the embedding tables")
+
+    monkeypatch.setattr(setup, "init_tables", no_tables_here)
+    rt_r = Runtime(on_ray(base), 1)
+    try:
+        assert sum(bool(sh.names) for sh in rt_r.ps.shards) == 2
+        assert_trees(rt_r.ps.snapshot(), want, rtol=0, atol=0)
+    finally:
+        rt_r.close()
 
 
 CONVERGE = {  # algorithm -> (config keywords); the tolerance is in the test
@@ -361,7 +394,8 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
     ray.kill(dead)
     split = types.SimpleNamespace(pull_rows=live.pull_rows, push_rows=dead.push_rows)
     try:
-        (m, failed), g, none = server.step(state.params, local, False, True, [(split, rows)])
+        (m, failed), g, none = server.step(state.params, local, False, True,
+                                            [(split, ray_backend.wire_rows(rows))])
         assert none is None and set(failed) == {0}
         _, _, per_entry = server.compute(state.params, local, False, ray.get(live.pull.remote(rows)))
         ray.get(live.push.remote(rows, failed[0]))  # the driver's retry (`_Pushed`)
@@ -467,8 +501,8 @@ def test_ps_lost_for_good_stops_with_a_restorable_checkpoint(cluster, tmp_path):
 
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"])
 def test_real_rows_on_the_wire_give_the_same_update(name):
-    """A worker actor sends a shard only a batch's n real rows each way (`pack_rows`): the
-    pulled mini table, padded back, looks up the same embeddings, and a push of per-row sums
+    """A worker actor sends a shard only a batch's n real ids and rows each way (`wire_rows`,
+    `pack_rows`): the pulled mini table, padded back, looks up the same embeddings, and a push of per-row sums
     (`unpack_sums`) updates rows and slots as the push of per-entry gradients does. The
     reference sums the entries with numpy (`np.add.at`), not with the backend's code."""
     import jax
@@ -491,10 +525,12 @@ def test_real_rows_on_the_wire_give_the_same_update(name):
         rows[k], local[k] = (padded, uniq.size), inv.astype(np.int32)
         grads[k] = rng.normal(size=(positions, dim[k])).astype(np.float32)
     want = ps_lib.EmbeddingShard(0, tables, slots, opt)
-    got = ps_lib.EmbeddingShard(0, tables, slots, opt)
+    server = ray_ps.ShardServer(0, SparseOptimConfig(name=name, lr=0.1), tables, slots, None)
+    got = server.shard
+    wire = ray_backend.wire_rows(rows)  # what travels: the real ids only
 
     pulled = want.pull(rows)
-    back = ray_backend.unpack_rows(ray_backend.pack_rows(pulled, rows), rows)
+    back = ray_backend.unpack_rows(server.pull_rows(wire), rows)
     for k in vocab:
         n = rows[k][1]
         assert local[k].max() < n  # a lookup never reaches the filler rows
@@ -508,10 +544,31 @@ def test_real_rows_on_the_wire_give_the_same_update(name):
         s = np.zeros((positions, dim[k]), np.float32)
         np.add.at(s, local[k], grads[k])
         sums[k] = s
-    got.push(rows, ray_backend.unpack_sums(ray_backend.pack_rows(sums, rows), rows))
+    server.push_rows(wire, ray_backend.pack_rows(sums, rows))
     tol = {"rtol": 1e-6, "atol": 1e-6}
     assert_trees(got.tables, want.tables, **tol)
     assert_trees(got.slots, want.slots, **tol)
     for k in vocab:  # and the update did move every touched row
         assert not np.allclose(got.tables[k][rows[k][0][:rows[k][1]]],
                                tables[k][rows[k][0][:rows[k][1]]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.integers(0, 40), st.integers(0, 9)),
+                min_size=1, max_size=4))
+def test_rows_on_the_wire_come_back_exactly(shapes):
+    """`unwire_rows(wire_rows(rows))` is `rows`: ids, their filler, M and n, for any mix of
+    fill (n == M included) and int dtypes; the wire carries the n real ids only."""
+    rows = {}
+    for i, (size, extra, fill) in enumerate(shapes):
+        n = min(size, max(1, size - extra))
+        ids = np.full(size, 1000 + fill, np.int64 if i % 2 else np.int32)
+        ids[:n] = np.random.default_rng(i).permutation(1000)[:n]
+        rows[f"t{i}"] = (ids, n)
+    wire = ray_backend.wire_rows(rows)
+    back = ray_backend.unwire_rows(wire)
+    assert set(back) == set(rows)
+    for k, (ids, n) in rows.items():
+        assert wire[k][0].size == n
+        assert back[k][1] == n and back[k][0].dtype == ids.dtype
+        np.testing.assert_array_equal(back[k][0], ids)

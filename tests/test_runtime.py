@@ -24,7 +24,7 @@ from algorithms.runtime import (
 from algorithms.runtime.ps import EmbeddingShard
 from recjax.checkpoint import Checkpointer
 from recjax.concurrency import ThreadGroup
-from tests.runtime_util import small_cfg
+from tests.runtime_util import assert_trees, small_cfg
 
 
 def runtime_threads():
@@ -226,3 +226,31 @@ def test_engine_keeps_no_second_copy_of_the_tables():
         assert rt.ps.snapshot()[0].keys() == {t.name for t in rt.model.layout.tables}
     finally:
         rt.close()
+
+
+def test_a_state_without_tables_restores_a_checkpoint_with_them(tmp_path):
+    """`build(..., tables=False)` (the Ray driver's state: its shards draw the tables) has the
+    shapes and dtypes of the full state, the same dense params, and is the template a resume
+    restores a checkpoint into: the restored tables are the saved ones, to the bit."""
+    import jax
+
+    from recjax.data.synthetic import SyntheticSource
+    from recjax.train.setup import build
+
+    cfg = small_cfg("async", sparse=("adagrad", 0.05))
+    spec = SyntheticSource(cfg.synthetic).spec
+    *_, full = build(cfg, spec)
+    *_, bare = build(cfg, spec, tables=False)
+    assert all(isinstance(x, jax.ShapeDtypeStruct)
+               for x in jax.tree.leaves((bare.tables, bare.slots)))
+    assert jax.tree.structure(bare) == jax.tree.structure(full)
+    assert ([(x.shape, x.dtype) for x in jax.tree.leaves(bare)]
+            == [(x.shape, x.dtype) for x in jax.tree.leaves(full)])
+    assert_trees(bare.params, full.params, rtol=0, atol=0)
+    ckpt = Checkpointer(str(tmp_path / "ckpt"))
+    try:
+        ckpt.save(3, full, {})
+        got, _ = ckpt.restore(bare)
+    finally:
+        ckpt.close()
+    assert_trees((got.tables, got.slots), (full.tables, full.slots), rtol=0, atol=0)

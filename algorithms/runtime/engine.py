@@ -53,7 +53,7 @@ from recjax.embeddings import lookup, row_gradients
 from recjax.features import FeatureSpec
 from recjax.train import contract, signals
 from recjax.train.data import open_data, train_shuffle_buffer
-from recjax.train.setup import build, make_model
+from recjax.train.setup import build, init_scale, make_model
 from recjax.train.step import (
     Model,
     StepMetrics,
@@ -69,10 +69,6 @@ def _with_vocab(spec: FeatureSpec, vocab: int) -> FeatureSpec:
     """`spec` with every field's vocabulary set to `vocab` (raw-id data: the store's rows)."""
     return dataclasses.replace(spec, fields=tuple(dataclasses.replace(f, vocab_size=vocab)
                                                   for f in spec.fields))
-
-
-def _init_scale(cfg: Config) -> str | float:
-    return cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
 
 
 def model_spec(cfg: Config, spec: FeatureSpec) -> FeatureSpec:
@@ -227,8 +223,9 @@ class Runtime:
         if lru:  # raw 64-bit ids: the tables are LRU stores of `capacity` rows, built below
             _, self.tx, self.sparse_opt, state = build(cfg, _with_vocab(self.data.spec, 1))
             self.model = make_model(cfg, _with_vocab(self.data.spec, cfg.embed.capacity))
-        else:
-            self.model, self.tx, self.sparse_opt, state = build(cfg, self.data.spec)
+        else:  # under Ray each PS shard initialises its own tables: none in this process
+            self.model, self.tx, self.sparse_opt, state = build(
+                cfg, self.data.spec, tables=self.cluster is None)
         layout = self.model.layout
         self.max_len = self.data.spec.max_len
         self.mini_layout = self._mini(self.batch_size)  # tables of one worker batch's rows
@@ -239,7 +236,7 @@ class Runtime:
         self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
         if lru:
             self.ps = self._make_ps({}, {}, dict(
-                capacity=cfg.embed.capacity, seed=tc.seed, init=_init_scale(cfg),
+                capacity=cfg.embed.capacity, seed=tc.seed, init=init_scale(cfg),
                 admit_probability=cfg.embed.admit_probability))
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
         run_start = SEGMENT.get()  # set when this goes on from the run's periodic checkpoint

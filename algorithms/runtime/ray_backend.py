@@ -198,6 +198,24 @@ def host_value(x: Any) -> Any:
 # rows travel, each way; the receiver pads with zeros. The same update: the filler rows are never
 # looked up, and a shard writes back only the first n rows (`ps.EmbeddingShard.push`); the sums
 # pushed are the sparse optimizer's own, to rounding under SGD (`row_push`).
+def wire_rows(rows: dict) -> dict:
+    """A shard's `ps.Rows` as they travel to and between actors: ``name -> (real ids, M,
+    filler id)``, the n real ids without the M - n fillers (on dlrm_kaggle batches of 4096,
+    850 KB of int64 ids per step become 190 KB; every byte a call carries costs both ends CPU,
+    docs/performance.md). `unwire_rows` rebuilds the padded rows exactly."""
+    return {k: (ids[:n], ids.size, ids[n] if n < ids.size else 0) for k, (ids, n) in rows.items()}
+
+
+def unwire_rows(wire: dict) -> dict:
+    """`wire_rows` undone: ``name -> (ids padded with their filler to M, n)``."""
+    out = {}
+    for k, (real, size, fill) in wire.items():
+        ids = np.full(size, fill, real.dtype)
+        ids[:real.size] = real
+        out[k] = (ids, real.size)
+    return out
+
+
 def pack_rows(minis: dict, rows: dict) -> dict:
     """The real rows of each mini table, ``name -> f32[n, D]`` (``rows[name] = (ids, n)``)."""
     return {k: v[:rows[k][1]] for k, v in minis.items()}
@@ -326,7 +344,8 @@ class ComputeServer:
 
     def step(self, params, local, coalesce: bool, push: bool, shards: list) -> tuple:
         """A worker's step with its embedding traffic made from this process: pull each
-        shard's rows from its actor (`shards`: `RayEmbeddingPS.direct`), compute, and with
+        shard's rows from its actor (`shards`: `RayEmbeddingPS.direct`, the rows as
+        `wire_rows`), compute, and with
         `push` push each shard its row gradients (summed per row) and wait for them, so
         neither the rows nor the gradients pass through the driver, and only a batch's real
         rows travel (`pack_rows`). `params` may come as ``[reference]`` (a dense
@@ -338,17 +357,19 @@ class ComputeServer:
         actor dead to its gradients (the driver restarts it and pushes them).
         A shard that died under the pull raises `RayActorError` to the caller."""
         ray = _ray()
-        live = [(h, part) for h, part in shards if h is not None]
-        refs = [h.pull_rows.remote(part, True) for h, part in live]
+        live = [(h, wire) for h, wire in shards if h is not None]
+        refs = [h.pull_rows.remote(wire, True) for h, wire in live]
         if isinstance(params, list):
             params = ray.get(params[0])
-        parts = [unpack_rows(got, part) for got, (_, part) in zip(ray.get(refs), live)]
+        rows = [unwire_rows(wire) if wire is not None else None for _, wire in shards]
+        parts = [unpack_rows(got, rows[s]) for s, got in zip(
+            [s for s, (h, _) in enumerate(shards) if h is not None], ray.get(refs))]
         # pushed from here: one summed row per unique id, and only the real ones (`pack_rows`)
         m, g, *per = self.compute(params, local, coalesce or push, *parts)
         if not push:
             return ((m, {}), g, *per)
-        sent = [(s, h.push_rows.remote(part, pack_rows(per[s], part)))
-                for s, (h, part) in enumerate(shards) if h is not None]
+        sent = [(s, h.push_rows.remote(wire, pack_rows(per[s], rows[s])))
+                for s, (h, wire) in enumerate(shards) if h is not None]
         failed = {}
         for s, ref in sent:
             try:

@@ -8,6 +8,7 @@ rest of the backend (cluster, hosted servers, worker groups) is in ``ray_backend
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from typing import Any
@@ -24,10 +25,13 @@ from algorithms.runtime.ray_backend import (
     parse_kill,
     sigkill,
     unpack_sums,
+    unwire_rows,
+    wire_rows,
 )
 from recjax.config import Config, RayConfig
-from recjax.embeddings import make_sparse_optimizer
+from recjax.embeddings import init_tables, make_sparse_optimizer
 from recjax.embeddings.dynamic import LruStore
+from recjax.train.setup import init_scale
 
 
 class PsFailed(OSError):
@@ -43,11 +47,20 @@ class ShardServer:
       sparse: the sparse optimizer's config (the optimizer is rebuilt here).
       tables, slots: the shard's tables (fixed store).
       lru: ``None`` or the LruStore keywords, with ``dims`` (``name -> D``) of its tables.
+      init: ``None``, or the `init_tables` arguments (``layout`` of this shard's tables,
+        ``seed``, ``scale``, ``by_id``): the shard draws its initial tables itself, the values
+        the driver's `build` would draw (each table's generator is seeded by its name), so no
+        process holds more than its own shard's tables.
     """
 
-    def __init__(self, index: int, sparse, tables: dict, slots: dict, lru: dict | None):
+    def __init__(self, index: int, sparse, tables: dict, slots: dict, lru: dict | None,
+                 init: dict | None = None):
         opt = make_sparse_optimizer(sparse)
         self.lru = lru is not None
+        if init is not None:
+            kw = dict(init)
+            tables = init_tables(kw.pop("layout"), kw.pop("seed"), kw.pop("scale"), **kw)
+            slots = {k: jax.device_get(opt.init(jax.numpy.asarray(v))) for k, v in tables.items()}
         if self.lru:
             kw = dict(lru)
             dims = kw.pop("dims")
@@ -65,12 +78,17 @@ class ShardServer:
     def push(self, rows: ps_lib.Rows, grads: dict) -> None:
         self.shard.push(rows, grads)
 
-    def pull_rows(self, rows: ps_lib.Rows, admit: bool = True) -> dict:
-        """`pull` as it travels to a worker actor: the real rows only (`pack_rows`)."""
-        return pack_rows(self.pull(rows, admit), rows)
+    def pull_rows(self, wire: dict, admit: bool = True) -> dict:
+        """`pull` as a worker actor asks for it and gets it: the real ids in, their rows out
+        (`wire_rows`, `pack_rows`). A fixed table's pull gathers the real rows only."""
+        if self.lru:
+            rows = unwire_rows(wire)
+            return pack_rows(self.pull(rows, admit), rows)
+        return self.shard.pull({k: (real, real.size) for k, (real, _, _) in wire.items()})
 
-    def push_rows(self, rows: ps_lib.Rows, sums: dict) -> None:
+    def push_rows(self, wire: dict, sums: dict) -> None:
         """`push` of a worker actor's per-row summed gradients, real rows only (`unpack_sums`)."""
+        rows = unwire_rows(wire)
         self.shard.push(rows, unpack_sums(sums, rows))
 
     def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
@@ -123,7 +141,7 @@ class ShardProxy:
             self.handle, self.pid = self._spawn()
             self._snapshot_now(0)
             # a restart restores a snapshot into an empty shard: the driver keeps no tables
-            self._args = (*args[:2], {}, {}, args[4])
+            self._args = (*args[:2], {}, {}, args[4], None)
 
     def __getstate__(self):  # a client in another actor (GBA's PS0): no restarts there
         return {"index": self.index, "names": self.names, "tables": self.tables,
@@ -298,10 +316,18 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
         for s in range(shards):
             names = [t.name for t in layout.tables if placement[t.name] == s]
             if self.lru:
-                args = (s, cfg.sparse, {}, {}, dict(lru, dims={n: self._dim[n] for n in names}))
+                args = (s, cfg.sparse, {}, {}, dict(lru, dims={n: self._dim[n] for n in names}),
+                        None)
+            elif any(isinstance(tables[k], jax.ShapeDtypeStruct) for k in names):
+                # a fresh run: the shard draws its own tables (`init_state(tables=False)`)
+                init = {"layout": dataclasses.replace(layout, tables=tuple(
+                            t for t in layout.tables if t.name in names)),
+                        "seed": cfg.train.seed, "scale": init_scale(cfg),
+                        "by_id": cfg.embed.init_by_id}
+                args = (s, cfg.sparse, {}, {}, None, init)
             else:
                 args = (s, cfg.sparse, {k: np.asarray(tables[k]) for k in names},
-                        {k: jax.device_get(slots[k]) for k in names}, None)
+                        {k: jax.device_get(slots[k]) for k in names}, None, None)
             self.shards.append(ShardProxy(cluster, s, names, args, cfg.ray,
                                           kills.get(("ps", s), 0)))
 
@@ -315,9 +341,10 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
                 for sh in self.shards if sh.names]
 
     def direct(self, rows: ps_lib.Rows) -> list:
-        """``[(actor handle, the shard's rows) or (None, None)]`` per shard: what a worker
-        actor needs to pull from and push to the shards itself (`ComputeServer.step`)."""
-        return [(sh.handle, self._part(rows, sh.names)) if sh.names else (None, None)
+        """``[(actor handle, the shard's rows as `wire_rows`) or (None, None)]`` per shard:
+        what a worker actor needs to pull from and push to the shards itself
+        (`ComputeServer.step`)."""
+        return [(sh.handle, wire_rows(self._part(rows, sh.names))) if sh.names else (None, None)
                 for sh in self.shards]
 
     def pull(self, rows: ps_lib.Rows, admit: bool = True) -> dict:

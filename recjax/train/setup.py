@@ -42,27 +42,43 @@ def make_model(cfg: Config, spec: FeatureSpec) -> Model:
                  microbatches=cfg.train.microbatches, seed=cfg.train.seed)
 
 
-def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt) -> TrainState:
-    """Initial parameters, tables and optimizer states (seeded by ``train.seed``)."""
+def init_state(cfg: Config, model: Model, spec: FeatureSpec, tx, sparse_opt,
+               tables: bool = True) -> TrainState:
+    """Initial parameters, tables and optimizer states (seeded by ``train.seed``).
+
+    With ``tables=False`` the tables and their slots are `jax.ShapeDtypeStruct`\\ s: their
+    owner initialises them elsewhere (a Ray PS shard, from the same `init_tables`), and the
+    state still serves as a checkpoint's template.
+    """
     b = 2
     acts = {g: jnp.zeros((b, spec.n_fields, d), jnp.float32) for g, d in model.layout.groups}
     dense = jnp.zeros((b, spec.n_dense), jnp.float32)
     variables = model.module.init(jax.random.PRNGKey(cfg.train.seed), acts, dense)
     params = variables["params"]
-    scale = cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
-    tables = {k: jnp.asarray(v) for k, v in init_tables(model.layout, cfg.train.seed, scale,
-                                                           by_id=cfg.embed.init_by_id).items()}
-    slots = {k: sparse_opt.init(v) for k, v in tables.items()}
-    return TrainState(jnp.asarray(0, jnp.int32), params, tx.init(params), tables, slots,
+    if tables:
+        tabs = {k: jnp.asarray(v) for k, v in init_tables(
+            model.layout, cfg.train.seed, init_scale(cfg), by_id=cfg.embed.init_by_id).items()}
+        slots = {k: sparse_opt.init(v) for k, v in tabs.items()}
+    else:
+        tabs = {t.name: jax.ShapeDtypeStruct((t.num_embeddings, t.embedding_dim), jnp.float32)
+                for t in model.layout.tables}
+        slots = {k: jax.eval_shape(sparse_opt.init, v) for k, v in tabs.items()}
+    return TrainState(jnp.asarray(0, jnp.int32), params, tx.init(params), tabs, slots,
                       variables.get("batch_stats", ()))
 
 
-def build(cfg: Config, spec: FeatureSpec):
-    """(model, dense optax tx, sparse optimizer, initial state) for `cfg` on data of `spec`."""
+def init_scale(cfg: Config) -> str | float:
+    """``embed.init`` as `init_tables` takes it: ``"dlrm"`` or the normal's scale."""
+    return cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
+
+
+def build(cfg: Config, spec: FeatureSpec, tables: bool = True):
+    """(model, dense optax tx, sparse optimizer, initial state) for `cfg` on data of `spec`;
+    with ``tables=False`` the state's tables and slots are shapes only (`init_state`)."""
     model = make_model(cfg, spec)
     tx = make_dense_tx(cfg.dense)
     sparse_opt = make_sparse_optimizer(cfg.sparse)
-    return model, tx, sparse_opt, init_state(cfg, model, spec, tx, sparse_opt)
+    return model, tx, sparse_opt, init_state(cfg, model, spec, tx, sparse_opt, tables)
 
 
 def count_params(state: TrainState) -> dict:
