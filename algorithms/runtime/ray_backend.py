@@ -345,25 +345,25 @@ class ComputeServer:
     def step(self, params, local, coalesce: bool, push: bool, shards: list) -> tuple:
         """A worker's step with its embedding traffic made from this process: pull each
         shard's rows from its actor (`shards`: `RayEmbeddingPS.direct`, the rows as
-        `wire_rows`), compute, and with
-        `push` push each shard its row gradients (summed per row) and wait for them, so
-        neither the rows nor the gradients pass through the driver, and only a batch's real
-        rows travel (`pack_rows`). `params` may come as ``[reference]`` (a dense
-        PS's pull still running): it is fetched after the shard pulls are sent, so the dense
-        and the embedding pulls overlap instead of Ray resolving it before the call starts
-        (10-11 ms from the driver's call to the step's start instead of 18-22 ms, dlrm_kaggle,
-        B = 4096, 2-core VM). Returns ``((metrics, failed), dense grads, per shard: its row
-        gradients, or None when pushed here)``; `failed` maps a shard whose push found its
-        actor dead to its gradients (the driver restarts it and pushes them).
-        A shard that died under the pull raises `RayActorError` to the caller."""
+        `wire_rows`), compute, and with `push` push each shard its row gradients (summed
+        per row) and wait for them, so neither the rows nor the gradients pass through the
+        driver, and only a batch's real rows travel (`pack_rows`). `params` may come as
+        ``[reference]`` (a dense PS's pull still running): it is fetched after the shard
+        pulls are sent, so the dense and the embedding pulls overlap instead of Ray
+        resolving it before the call starts (10-11 ms from the driver's call to the step's
+        start instead of 18-22 ms, dlrm_kaggle, B = 4096, 2-core VM). Returns ``((metrics,
+        failed), dense grads, per shard: its row gradients, or None when pushed here)``;
+        `failed` maps a shard whose push found its actor dead to its gradients (the driver
+        restarts it and pushes them). A shard that died under the pull raises
+        `RayActorError` to the caller."""
         ray = _ray()
         live = [(h, wire) for h, wire in shards if h is not None]
         refs = [h.pull_rows.remote(wire, True) for h, wire in live]
         if isinstance(params, list):
             params = ray.get(params[0])
-        rows = [unwire_rows(wire) if wire is not None else None for _, wire in shards]
-        parts = [unpack_rows(got, rows[s]) for s, got in zip(
-            [s for s, (h, _) in enumerate(shards) if h is not None], ray.get(refs))]
+        rows = [unwire_rows(wire) if h is not None else None for h, wire in shards]
+        pulled = iter(ray.get(refs))
+        parts = [unpack_rows(next(pulled), r) for r in rows if r is not None]
         # pushed from here: one summed row per unique id, and only the real ones (`pack_rows`)
         m, g, *per = self.compute(params, local, coalesce or push, *parts)
         if not push:
