@@ -502,9 +502,10 @@ def test_ps_lost_for_good_stops_with_a_restorable_checkpoint(cluster, tmp_path):
 @pytest.mark.parametrize("name", ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"])
 def test_real_rows_on_the_wire_give_the_same_update(name):
     """A worker actor sends a shard only a batch's n real ids and rows each way (`wire_rows`,
-    `pack_rows`): the pulled mini table, padded back, looks up the same embeddings, and a push of per-row sums
-    (`unpack_sums`) updates rows and slots as the push of per-entry gradients does. The
-    reference sums the entries with numpy (`np.add.at`), not with the backend's code."""
+    `pack_rows`): the pulled mini table, padded back, looks up the same embeddings, and a
+    push of per-row sums (`unpack_sums`) updates rows and slots as the push of per-entry
+    gradients does. The reference sums the entries with numpy (`np.add.at`), not with the
+    backend's code."""
     import jax
 
     from algorithms.runtime import ps as ps_lib
