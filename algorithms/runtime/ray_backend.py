@@ -357,8 +357,7 @@ class ComputeServer:
         restarts it and pushes them). A shard that died under the pull raises
         `RayActorError` to the caller."""
         ray = _ray()
-        live = [(h, wire) for h, wire in shards if h is not None]
-        refs = [h.pull_rows.remote(wire, True) for h, wire in live]
+        refs = [h.pull_rows.remote(wire, True) for h, wire in shards if h is not None]
         if isinstance(params, list):
             params = ray.get(params[0])
         rows = [unwire_rows(wire) if h is not None else None for h, wire in shards]

@@ -58,8 +58,7 @@ class ShardServer:
         opt = make_sparse_optimizer(sparse)
         self.lru = lru is not None
         if init is not None:
-            kw = dict(init)
-            tables = init_tables(kw.pop("layout"), kw.pop("seed"), kw.pop("scale"), **kw)
+            tables = init_tables(**init)
             slots = {k: jax.device_get(opt.init(jax.numpy.asarray(v))) for k, v in tables.items()}
         if self.lru:
             kw = dict(lru)
