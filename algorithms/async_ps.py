@@ -16,15 +16,9 @@ tests/test_async_ps.py checks it.
 
 from __future__ import annotations
 
-import functools
-
-import jax
-
 from algorithms.runtime import RoleSpec, Runtime, Work, Worker
 from algorithms.runtime.ps import DensePS
 from recjax.config import Config
-from recjax.train.setup import make_dense_tx
-from recjax.train.step import apply_dense
 
 
 def worker_role(rt: Runtime, worker: Worker, server: DensePS):
@@ -40,21 +34,17 @@ def worker_role(rt: Runtime, worker: Worker, server: DensePS):
         it += 1
 
 
-def dense_ps(cfg: Config, params, opt_state) -> DensePS:
-    """The dense PS built in its own process (``--backend ray``), compiled before it serves."""
-    apply = jax.jit(functools.partial(apply_dense, make_dense_tx(cfg.dense)))
-    jax.block_until_ready(apply(params, opt_state, jax.tree.map(jax.numpy.zeros_like, params)))
-    return DensePS(params, opt_state, apply)
-
-
 def run(cfg: Config) -> dict:
     """``--algo async``: train, evaluate, return (and write) the summary."""
     rc = cfg.runtime
     rt = Runtime(cfg, rc.trainers * rc.workers_per_trainer)
     s0 = rt.init_state
-    rt.dense_on_actor = True  # under Ray the dense PS is an actor: gradients go to it directly
-    server = rt.host(DensePS(s0.params, s0.opt_state, rt.dense_apply), dense_ps,
-                     cfg, s0.params, s0.opt_state, by_ref={"pull": 2})
+    # The dense PS lives in this process under every backend (as Persia's). Under Ray an
+    # actor of its own moved more bytes: the driver owns the references of the calls it makes,
+    # so the params and gradients (2 MB each on dlrm_kaggle) went actor -> driver -> actor, two
+    # hops each way instead of one (2-core box, 2 workers: 0.755 -> 0.81 of threads,
+    # docs/performance.md).
+    server = DensePS(s0.params, s0.opt_state, rt.dense_apply)
     supply = rt.static_shards()
     workers = [rt.worker(w, supply) for w in range(rt.num_workers)]
     roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
