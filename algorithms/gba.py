@@ -306,14 +306,13 @@ class GbaServer:
                 stale.append(np.maximum(self.tag[name][ids[:n]] - e.version, 0))
                 self.tag[name][ids[:n]] = k + 1
             self.stats.add_rows(np.concatenate(stale))
-            local = {name: np.arange(ids.size, dtype=np.int32) for name, (ids, _) in e.rows.items()}
-            rt.ps.push(e.rows, {name: (local[name], e.sums[name] if scale == 1.0
-                                       else np.asarray(e.sums[name]) * np.float32(scale))
-                                for name in e.rows})
+            rt.ps.push_sums(e.rows, {name: e.sums[name] if scale == 1.0
+                                     else np.asarray(e.sums[name]) * np.float32(scale)
+                                     for name in e.rows})
             return
         cap = self.p.aggregate * rt.batch_size * rt.max_len  # fixed shapes: one compile
         rows: Rows = {}
-        grads: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        sums: dict[str, np.ndarray] = {}
         stale_all = []
         for t in rt.model.layout.tables:
             ids = np.concatenate([e.rows[t.name][0][:e.rows[t.name][1]] for e in kept])
@@ -340,18 +339,13 @@ class GbaServer:
                 summed /= counts[:, None].astype(np.float32)
             else:
                 summed /= np.float32(n_entries)
-            size = cap * len(t.field_index)
-            padded = np.full(size, t.num_embeddings, np.int64)
+            padded = np.full(cap * len(t.field_index), t.num_embeddings, np.int64)
             padded[:uniq.size] = uniq
-            local = np.full(size, size, np.int32)  # past the mini table: dropped by the scatter
-            local[:uniq.size] = np.arange(uniq.size)
-            dense_g = np.zeros((size, g.shape[1]), np.float32)
-            dense_g[:uniq.size] = summed
-            rows[t.name] = (padded, uniq.size)
-            grads[t.name] = (local, dense_g)
+            rows[t.name] = (padded, uniq.size)  # fixed M; the rows past uniq.size push zero
+            sums[t.name] = summed
             self.tag[t.name][uniq] = k + 1
         self.stats.add_rows(np.concatenate(stale_all))
-        rt.ps.push(rows, grads)
+        rt.ps.push_sums(rows, sums)
 
     # -- reporting --------------------------------------------------------------------------
     def record(self) -> dict:

@@ -83,6 +83,46 @@ def test_adagrad_slots_live_on_the_shard():
     assert store.shards[0].step == 1
 
 
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("past_n", ["absent", "garbage"])
+def test_pushed_row_sums_update_as_their_entries(name, past_n):
+    """`push_sums` (GBA's PS0 pushes its updates this way) of one summed gradient per real row,
+    the rows past n absent or garbage, gives the full-table update of the per-entry
+    gradients: numpy's `np.add.at` under SGD, the optimizer on the full table under Adagrad."""
+    layout, batch, tables = setup(multi_hot=True)
+    opt = make_sparse_optimizer(SparseOptimConfig(name, lr=0.3))
+    slots = {k: opt.init(v) for k, v in tables.items()}
+    store = ps.EmbeddingPS(layout, tables, slots, opt,
+                           {"emb/ac": 0, "emb/b": 1, "wide/ac": 1, "wide/b": 0}, 2)
+    local, rows = ps.localize(layout, batch)
+    mini = mini_layout(layout, batch)
+    rng = np.random.default_rng(2)
+    g_acts = {g: rng.normal(size=(batch.size, 3, d)).astype(np.float32) for g, d in layout.groups}
+    sums = {}
+    for k, (lids, g) in row_gradients(mini, g_acts, local.ids, local.mask).items():
+        ids, n = rows[k]
+        full = np.zeros((ids.size, g.shape[-1]), np.float32)
+        lids, g = np.asarray(lids).ravel(), np.asarray(g).reshape(-1, g.shape[-1])
+        ok = lids < ids.size
+        np.add.at(full, lids[ok], g[ok])
+        if past_n == "garbage":
+            full[n:] = 1e3
+        sums[k] = full if past_n == "garbage" else full[:n]
+    store.push_sums(rows, sums)
+    got_t, got_s = store.snapshot()
+    for k, (ids, g) in row_gradients(layout, g_acts, batch.ids, batch.mask).items():
+        if name == "sgd":
+            ref = tables[k].astype(np.float64).copy()
+            ok = np.asarray(ids) < ref.shape[0]
+            np.add.at(ref, np.asarray(ids)[ok], -0.3 * np.asarray(g)[ok])
+            np.testing.assert_allclose(got_t[k], ref, rtol=1e-5, atol=1e-6)
+        else:
+            want_t, want_s = opt.update(jnp.asarray(tables[k]), slots[k], ids, g, 0)
+            np.testing.assert_allclose(got_t[k], want_t, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got_s[k], want_s, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(got_t[k], tables[k])
+
+
 def test_placement_mod_and_binpack():
     costs = {"t0": 10.0, "t1": 1.0, "t2": 9.0, "t3": 1.0, "t4": 3.0}
     assert ps.place(costs, 2, "mod") == {"t0": 0, "t1": 1, "t2": 0, "t3": 1, "t4": 0}

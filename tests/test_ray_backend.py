@@ -110,8 +110,8 @@ def test_one_worker_equals_train_step(cluster):
 
 @pytest.mark.slow
 def test_ps_actor_serves_the_same_rows_as_a_local_shard(cluster):
-    """A shard actor's pull/push/snapshot against `ps.EmbeddingPS` in this process, on the
-    same rows and gradients (LRU store too): equal to the last bit."""
+    """A shard actor's pull/push/push_sums/snapshot against `ps.EmbeddingPS` in this process,
+    on the same rows and gradients (LRU store too): equal to the last bit."""
     from algorithms.runtime.engine import Runtime
 
     for store in ("fixed", "lru"):
@@ -129,6 +129,15 @@ def test_ps_actor_serves_the_same_rows_as_a_local_shard(cluster):
             for _ in range(3):
                 rt_t.ps.push(rows, rg)
                 rt_r.ps.push(rows, rg)
+            assert_trees(rt_t.ps.snapshot(), rt_r.ps.snapshot(), rtol=0, atol=0)
+            # GBA's PS0 pushes per-row sums (`push_sums`): over the wire only the real rows go
+            _, _, sums = rt_t.grads_rows(rt_t.init_state.params, a, local)
+            sums = {k: np.asarray(v) for k, v in sums.items()}
+            before = [sh.pushes for sh in rt_r.ps.shards]
+            rt_t.ps.push_sums(rows, sums)
+            rt_r.ps.push_sums(rows, sums)
+            assert [sh.pushes for sh in rt_r.ps.shards] == [p + bool(sh.names) for p, sh in
+                                                           zip(before, rt_r.ps.shards)]
             assert_trees(rt_t.ps.snapshot(), rt_r.ps.snapshot(), rtol=0, atol=0)
         finally:
             rt_t.close()
@@ -398,7 +407,15 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
                                             [(split, ray_backend.wire_rows(rows))])
         assert none is None and set(failed) == {0}
         _, _, per_entry = server.compute(state.params, local, False, ray.get(live.pull.remote(rows)))
-        ray.get(live.push.remote(rows, failed[0]))  # the driver's retry (`_Pushed`)
+        # the driver's retry (`RayWorker.push` of the step's `_Pushed`) through a proxy of
+        # the live shard
+        proxy = types.SimpleNamespace(names=names, call=lambda method, *a: ray.get(
+            getattr(live, method).remote(*a)))
+        worker = types.SimpleNamespace(rt=types.SimpleNamespace(ps=types.SimpleNamespace(
+            shards=[proxy], _part=ray_ps.RayEmbeddingPS._part)),
+            counters=types.SimpleNamespace(iterations=0))
+        ray_backend.RayWorker.push(worker, ray_backend._Pushed(rows, failed))
+        assert worker.counters.iterations == 1
         got = ray.get(live.snapshot.remote())[0]
         for k in names:
             ids, n = rows[k]

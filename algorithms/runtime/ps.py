@@ -95,6 +95,21 @@ def shard_loads(costs: dict[str, float], placement: dict[str, int], shards: int)
     return load
 
 
+def pad_rows(v: np.ndarray, rows: tuple[np.ndarray, int]) -> np.ndarray:
+    """The first n rows of `v` (one table's rows ``(ids, n)``) as ``f32[M, ...]``, zero past n."""
+    ids, n = rows
+    out = np.zeros((ids.size, *v.shape[1:]), np.asarray(v).dtype)
+    out[:n] = np.asarray(v)[:n]
+    return out
+
+
+def row_push(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row summed gradients ``f32[M, D]`` as a push takes them: ``(local ids 0..M-1,
+    sums)``. The sparse optimizer's coalesce of distinct ids adds nothing, so the update is the
+    one from the entries they sum."""
+    return np.arange(len(sums), dtype=np.int32), sums
+
+
 def _take(a: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return a.take(ids, axis=0, mode="clip")
 
@@ -314,6 +329,13 @@ class EmbeddingPS:
         for shard in self.shards:
             if shard.tables:
                 shard.push(rows, grads)
+
+    def push_sums(self, rows: Rows, sums: dict) -> None:
+        """Push one summed gradient per row: ``sums[name][i]`` is row i's of the mini table
+        `rows[name]`, given for its n real rows at least (rows past n count as zero). The
+        same update as a `push` of the entries those sums add up (to rounding under SGD,
+        which scales each entry before adding); under Ray only the n real rows travel."""
+        self.push(rows, {k: row_push(pad_rows(sums[k], rows[k])) for k in rows})
 
     def warm(self, rows: Rows, grads: dict) -> None:
         for shard in self.shards:

@@ -45,6 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import WorkerLost
 from recjax.config import Config, RayConfig
 from recjax.features import FeatureSpec
@@ -197,7 +198,7 @@ def host_value(x: Any) -> Any:
 # (n unique ids; on dlrm_kaggle batches of 4096 about 22% of M). Between actors only those n
 # rows travel, each way; the receiver pads with zeros. The same update: the filler rows are never
 # looked up, and a shard writes back only the first n rows (`ps.EmbeddingShard.push`); the sums
-# pushed are the sparse optimizer's own, to rounding under SGD (`row_push`).
+# pushed are the sparse optimizer's own, to rounding under SGD (`ps.row_push`).
 def wire_rows(rows: dict) -> dict:
     """A shard's `ps.Rows` as they travel to and between actors: ``name -> (real ids, M,
     filler id)``, the n real ids without the M - n fillers (on dlrm_kaggle batches of 4096,
@@ -223,25 +224,14 @@ def pack_rows(minis: dict, rows: dict) -> dict:
 
 def unpack_rows(part: dict, rows: dict) -> dict:
     """`pack_rows` undone: ``name -> f32[M, D]``, the rows past n zero."""
-    out = {}
-    for k, v in part.items():
-        full = np.zeros((rows[k][0].size, *v.shape[1:]), v.dtype)
-        full[:len(v)] = v
-        out[k] = full
-    return out
-
-
-def row_push(sums: dict) -> dict:
-    """Per-row summed gradients ``name -> f32[M, D]`` as a shard's push takes them:
-    ``name -> (local ids 0..M-1, sums)``. The sparse optimizer's coalesce of distinct ids adds
-    nothing, so the update is the one from per-entry gradients (to rounding under SGD, which
-    scales each entry before adding)."""
-    return {k: (np.arange(len(v), dtype=np.int32), v) for k, v in sums.items()}
+    return {k: ps_lib.pad_rows(v, rows[k]) for k, v in part.items()}
 
 
 def unpack_sums(part: dict, rows: dict) -> dict:
-    """A push of `pack_rows` of per-row sums (``grads_rows``), padded back, as `row_push`."""
-    return row_push(unpack_rows(part, rows))
+    """A push of `pack_rows` of per-row sums (``grads_rows``), padded back, as a shard's push
+    takes them (`ps.row_push`: the same update as the entries they sum, to rounding under SGD,
+    which scales each entry before adding)."""
+    return {k: ps_lib.row_push(v) for k, v in unpack_rows(part, rows).items()}
 
 
 # -- hosted servers -----------------------------------------------------------------------------
@@ -357,9 +347,9 @@ class ComputeServer:
         resolving it before the call starts (10-11 ms from the driver's call to the step's
         start instead of 18-22 ms, dlrm_kaggle, B = 4096, 2-core VM). Returns ``((metrics,
         failed), dense grads, per shard: its row gradients, or None when pushed here)``;
-        `failed` maps a shard whose push found its actor dead to its gradients (the driver
-        restarts it and pushes them). A shard that died under the pull raises
-        `RayActorError` to the caller."""
+        `failed` maps a shard whose push found its actor dead to that push's real row sums
+        (the driver restarts it and sends them again, `ShardServer.push_rows`). A shard
+        that died under the pull raises `RayActorError` to the caller."""
         ray = _ray()
         refs = [h.pull_rows.remote(wire, True) for h, wire in shards if h is not None]
         if isinstance(params, list):
@@ -371,14 +361,16 @@ class ComputeServer:
         m, g, *per = self.compute(params, local, coalesce or push, *parts)
         if not push:
             return ((m, {}), g, *per)
-        sent = [(s, h.push_rows.remote(wire, pack_rows(per[s], rows[s])))
+        packed = {s: pack_rows(per[s], rows[s]) for s, (h, _) in enumerate(shards)
+                  if h is not None}
+        sent = [(s, h.push_rows.remote(wire, packed[s]))
                 for s, (h, wire) in enumerate(shards) if h is not None]
         failed = {}
         for s, ref in sent:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
-                failed[s] = row_push(per[s])  # the driver's retry: its own push
+                failed[s] = packed[s]  # the driver's retry: the same push through its proxy
         return ((m, failed), g, *[None] * len(per))
 
     def add(self, name: str, factory, *args) -> None:
@@ -530,7 +522,8 @@ class RayWorker:
         if isinstance(pending, _Pushed):  # pushed by the actor: account, and redo a failed one
             for s, sh in enumerate(ps.shards):
                 if s in pending.failed:
-                    sh.call("push", ps._part(pending.rows, sh.names), pending.failed[s])
+                    sh.call("push_rows", wire_rows(ps._part(pending.rows, sh.names)),
+                            pending.failed[s])
                 elif sh.names:
                     sh.pushed()
         else:
@@ -540,8 +533,8 @@ class RayWorker:
 
 @dataclasses.dataclass(frozen=True)
 class _Pushed:
-    """A step whose row gradients the worker actor pushed itself; `failed`: shard -> the
-    gradients of a push that found the shard's actor dead."""
+    """A step whose row gradients the worker actor pushed itself; `failed`: shard -> the real
+    row sums (`pack_rows`) of a push that found the shard's actor dead."""
 
     rows: dict
     failed: dict

@@ -118,6 +118,7 @@ class ShardServer:
 
 # `ShardServer` calls that set a shard's state wholesale: a snapshot is taken right after them
 _RESETS = ("restore", "set_tables", "set_step")
+_PUSHES = ("push", "push_rows")  # the calls that update rows: counted, and killed at (`ray.kill`)
 
 
 class ShardProxy:
@@ -156,7 +157,7 @@ class ShardProxy:
         return handle, _ray().get(handle.pid.remote())
 
     def submit(self, method: str, *args) -> tuple[int, Any]:
-        if method == "push" and self._kill_at:
+        if method in _PUSHES and self._kill_at:
             with self._lock:  # pushes of several workers are submitted concurrently
                 self._submitted += 1
                 kill = self._submitted == self._kill_at
@@ -175,7 +176,7 @@ class ShardProxy:
             except ray.exceptions.RayActorError as e:
                 self._restart(gen, e)
                 gen, ref = self.submit(method, *args)
-        if method == "push":
+        if method in _PUSHES:
             self._pushed()
         return out
 
@@ -363,6 +364,20 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
             sent.append((sh, sh.submit("push", *args), args))
         for sh, s, args in sent:
             sh.result(s, "push", *args)
+
+    def push_sums(self, rows: ps_lib.Rows, sums: dict) -> None:
+        """`ps.EmbeddingPS.push_sums`, one call per shard that carries its n real ids and rows
+        only (`wire_rows`, `pack_rows`): GBA's PS0 pushes an update's rows this way, which
+        padded to the update's fixed M would be mostly zeros."""
+        sent = []
+        for sh in self.shards:
+            if sh.names:
+                part = self._part(rows, sh.names)
+                args = (wire_rows(part), pack_rows({k: np.asarray(sums[k]) for k in sh.names},
+                                                   part))
+                sent.append((sh, sh.submit("push_rows", *args), args))
+        for sh, s, args in sent:
+            sh.result(s, "push_rows", *args)
 
     def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
         for sh in self.shards:
