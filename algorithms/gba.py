@@ -122,7 +122,8 @@ class Grad:
       version: the PS version (updates applied) the worker pulled.
       dense: dense gradient pytree.
       rows: the batch's unique ids per table (`ps.localize`).
-      sums: per table, one summed gradient row per unique id, in the order of ``rows``.
+      sums: per table, one summed gradient row per unique id, in the order of ``rows``: the
+        n real rows at least (a Ray worker actor sends those only; past n they are zero).
     """
 
     wid: int

@@ -424,6 +424,18 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
             np.add.at(want, ids[np.asarray(entry_local)], -0.5 * np.asarray(entry_g))
             np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6, err_msg=k)
         assert any(not np.array_equal(got[k], tables[k]) for k in names)
+        # GBA's step (coalesce, no push): each shard's real rows' sums come back for PS0,
+        # the first n of the per-row sums the step computes, nothing pushed
+        before = ray.get(live.snapshot.remote())[0]
+        (m, failed), g, sums = server.step(state.params, local, True, False,
+                                           [(live, ray_backend.wire_rows(rows))])
+        _, _, full = server.compute(state.params, local, True, ray.get(live.pull.remote(rows)))
+        assert failed == {}
+        for k in names:
+            n = rows[k][1]
+            assert sums[k].shape == (n, full[k].shape[1])
+            np.testing.assert_array_equal(sums[k], full[k][:n])
+            np.testing.assert_array_equal(ray.get(live.snapshot.remote())[0][k], before[k])
     finally:
         ray.kill(live)
 

@@ -346,7 +346,8 @@ class ComputeServer:
         pulls are sent, so the dense and the embedding pulls overlap instead of Ray
         resolving it before the call starts (10-11 ms from the driver's call to the step's
         start instead of 18-22 ms, dlrm_kaggle, B = 4096, 2-core VM). Returns ``((metrics,
-        failed), dense grads, per shard: its row gradients, or None when pushed here)``;
+        failed), dense grads, per shard: its real rows' gradient sums (`pack_rows`), or None
+        when pushed here)``;
         `failed` maps a shard whose push found its actor dead to that push's real row sums
         (the driver restarts it and sends them again, `ShardServer.push_rows`). A shard
         that died under the pull raises `RayActorError` to the caller."""
@@ -359,10 +360,10 @@ class ComputeServer:
         parts = [unpack_rows(next(pulled), r) for r in rows if r is not None]
         # pushed from here: one summed row per unique id, and only the real ones (`pack_rows`)
         m, g, *per = self.compute(params, local, coalesce or push, *parts)
-        if not push:
-            return ((m, {}), g, *per)
         packed = {s: pack_rows(per[s], rows[s]) for s, (h, _) in enumerate(shards)
                   if h is not None}
+        if not push:  # GBA: each shard's real row sums go to PS0 (its `push_sums` takes them)
+            return ((m, {}), g, *[packed.get(s) for s in range(len(per))])
         sent = [(s, h.push_rows.remote(wire, packed[s]))
                 for s, (h, wire) in enumerate(shards) if h is not None]
         failed = {}
