@@ -384,7 +384,8 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
     """`ComputeServer.step` pushes a batch's row gradients from the worker actor; a push
     whose shard actor died returns them (`failed`), and the driver's retry on the restarted
     shard updates it as a direct push of the step's per-entry row gradients does (numpy's
-    SGD on the pulled rows is the reference, not the backend's code)."""
+    SGD on the pulled rows is the reference, not the backend's code). GBA's step returns the
+    real rows' sums instead and pushes nothing."""
 
     from algorithms.runtime import ps as ps_lib
     from recjax.data.synthetic import SyntheticSource
@@ -606,8 +607,7 @@ def test_rows_on_the_wire_come_back_exactly(shapes):
 
 def test_a_hosted_server_answers_in_numpy():
     """What a hosted server returns travels as numpy (a jax array pickles at about twice the
-    CPU), with its values, tree and the non-array parts unchanged; references nested in the
-    arguments still arrive resolved."""
+    CPU), with its values, tree and the non-array parts unchanged."""
     import jax.numpy as jnp
 
     class Server:
