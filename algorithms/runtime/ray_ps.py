@@ -353,31 +353,34 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
             out.update(sh.result(sent, "pull", self._part(rows, sh.names), admit))
         return out
 
-    def push(self, rows: ps_lib.Rows, grads) -> None:
-        sent = []
-        for s, sh in enumerate(self.shards):
-            if not sh.names:
-                continue
-            part = grads.refs[s] if isinstance(grads, ShardGrads) else self._part(
-                {k: jax.device_get(grads[k]) for k in sh.names}, sh.names)
-            args = (self._part(rows, sh.names), part)
-            sent.append((sh, sh.submit("push", *args), args))
+    def _each_shard(self, method: str, args_of) -> None:
+        """``method(*args_of(shard))`` on every shard with tables, all sent before any is
+        waited for (a dead shard is restarted and its call retried by its proxy)."""
+        sent = [(sh, sh.submit(method, *args), args)
+                for sh in self.shards if sh.names for args in [args_of(sh)]]
         for sh, s, args in sent:
-            sh.result(s, "push", *args)
+            sh.result(s, method, *args)
+
+    def push(self, rows: ps_lib.Rows, grads) -> None:
+        """`ps.EmbeddingPS.push`; `grads` may be `ShardGrads` (a worker actor's gradients as
+        one reference per shard: its step's redo after a shard died under the pull), which
+        go from the worker's process to the shard's without passing through this one."""
+        def args_of(sh):
+            part = grads.refs[sh.index] if isinstance(grads, ShardGrads) else {
+                k: jax.device_get(grads[k]) for k in sh.names}
+            return self._part(rows, sh.names), part
+
+        self._each_shard("push", args_of)
 
     def push_sums(self, rows: ps_lib.Rows, sums: dict) -> None:
         """`ps.EmbeddingPS.push_sums`, one call per shard that carries its n real ids and rows
         only (`wire_rows`, `pack_rows`): GBA's PS0 pushes an update's rows this way, which
         padded to the update's fixed M would be mostly zeros."""
-        sent = []
-        for sh in self.shards:
-            if sh.names:
-                part = self._part(rows, sh.names)
-                args = (wire_rows(part), pack_rows({k: np.asarray(sums[k]) for k in sh.names},
-                                                   part))
-                sent.append((sh, sh.submit("push_rows", *args), args))
-        for sh, s, args in sent:
-            sh.result(s, "push_rows", *args)
+        def args_of(sh):
+            part = self._part(rows, sh.names)
+            return wire_rows(part), pack_rows({k: np.asarray(sums[k]) for k in sh.names}, part)
+
+        self._each_shard("push_rows", args_of)
 
     def warm(self, rows: ps_lib.Rows, grads: dict) -> None:
         for sh in self.shards:
