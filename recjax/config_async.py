@@ -185,6 +185,11 @@ class RayConfig:
         process when W begins its I-th iteration; ``ps:S@I`` to PS shard S's process as its
         I-th push is sent.
       max_ps_restarts: PS restarts before the run stops with a checkpoint and says why.
+      inline_kb: objects up to this many KiB travel inside a call's message (through its
+        caller, who owns the reply); larger ones through Ray's shared-memory object store,
+        read in place on the same host. 16384 suits the 2-core box, where the store's fixed
+        cost dominates; 1024 moved GBA's 2 MB dense params and gradients faster there
+        (docs/performance.md). Local instance only (a cluster keeps its own setting).
     """
 
     address: str = ""
@@ -195,12 +200,13 @@ class RayConfig:
     worker_resource: str = ""
     kill: str = ""
     max_ps_restarts: int = 3
+    inline_kb: int = 16384
 
     def __post_init__(self):
         for name in ("num_cpus", "max_ps_restarts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("ps_concurrency", "snapshot_every"):
+        for name in ("ps_concurrency", "snapshot_every", "inline_kb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ray.{name} must be >= 1, got {getattr(self, name)}")
 

@@ -113,3 +113,16 @@ def test_a_hosted_server_answers_in_numpy():
     b = host.call("add", {"w": np.zeros((2, 3)), "b": np.full(3, 0.5)})
     assert type(b) is np.ndarray
     np.testing.assert_array_equal(b, np.full(3, 1.5))
+
+
+def test_inline_limit_comes_from_the_config():
+    """``ray.inline_kb`` sets the local instance's inline limit (KiB -> bytes; a call's inlined
+    arguments together up to 4x it); 0 or less is refused with the field's name."""
+    from recjax.config import RayConfig
+
+    assert ray_backend.system_config(RayConfig()) == {
+        "max_direct_call_object_size": 16 * 2**20, "task_rpc_inlined_bytes_limit": 64 * 2**20}
+    assert ray_backend.system_config(RayConfig(inline_kb=1024)) == {
+        "max_direct_call_object_size": 2**20, "task_rpc_inlined_bytes_limit": 4 * 2**20}
+    with pytest.raises(ValueError, match="ray.inline_kb must be >= 1"):
+        RayConfig(inline_kb=0)

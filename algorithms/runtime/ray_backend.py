@@ -56,10 +56,15 @@ _CLUSTERS: list[Cluster] = []  # started by this process, stopped by `shutdown`
 # Each actor process is one worker's (or one shard's) compute: one XLA thread each, instead of
 # every process spinning a pool as wide as the host (oversubscription on small hosts).
 ACTOR_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
-# Objects up to this size travel inside the call's reply instead of through the shared-memory
-# store: on the 2-core box a 131 KB result costs 4.2 ms through the store, 2.2 ms inline
-# (docs/performance.md, "Ray backend").
-SYSTEM_CONFIG = {"max_direct_call_object_size": 16 << 20, "task_rpc_inlined_bytes_limit": 64 << 20}
+
+
+def system_config(rc: RayConfig) -> dict:
+    """A local instance's Ray settings: objects up to ``ray.inline_kb`` travel inside the
+    call's message instead of through the shared-memory store (on the 2-core box a 131 KB
+    result costs 4.2 ms through the store, 2.2 ms inline: docs/performance.md, "Ray
+    backend"); a call's inlined arguments together may reach 4x that."""
+    limit = rc.inline_kb << 10
+    return {"max_direct_call_object_size": limit, "task_rpc_inlined_bytes_limit": 4 * limit}
 
 
 def _ray():
@@ -119,7 +124,7 @@ class Cluster:
                 path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
                 # "local": a new instance even when `ray start` left one on this host
                 ray.init(address="local", num_cpus=rc.num_cpus or None, include_dashboard=False,
-                         logging_level=logging.WARNING, _system_config=SYSTEM_CONFIG,
+                         logging_level=logging.WARNING, _system_config=system_config(rc),
                          runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
             self.started = True
             _CLUSTERS.append(self)
@@ -244,7 +249,7 @@ class _Host:
     def call(self, method: str, *args) -> Any:
         """The method's result, its jax arrays as numpy: Ray pickles a jax array through
         ``ArrayImpl.__reduce__``, on the 2-core box 6.5-7.5 ms of CPU to return dlrm_kaggle's
-        2 MB of dense params (the sync PS's, PS0's) against 3.8-4.0 ms as numpy
+        2 MB of dense params (GBA's PS0's) against 3.8-4.0 ms as numpy
         (docs/performance.md)."""
         return jax.device_get(getattr(self.obj, method)(*resolve(args)))
 
