@@ -88,13 +88,6 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
             syncer.group.close()  # peers waiting on this worker are released
 
 
-def sync_ps(cfg: Config, params) -> SyncPS:
-    """The S-EASGD / FR-EASGD sync PS built in its own process (``--backend ray``)."""
-    rule = make_rule(cfg)
-    rule.exchange(params, params)  # compile before it serves
-    return SyncPS(params, rule.exchange)
-
-
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
     rule = make_rule(cfg)
@@ -104,8 +97,12 @@ def run(cfg: Config) -> dict:
     rt = Runtime(cfg, n * m)
     s0 = rt.init_state
     replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
-    server = (rt.host(SyncPS(s0.params, rule.exchange), sync_ps, cfg, s0.params)
-              if rule.name == "easgd" else None)
+    # The EASGD sync PS lives in this process under every backend, beside the replicas it
+    # syncs (under Ray the replicas are the driver's; a sync PS actor of its own moved each
+    # exchange's 2 x 2 MB (dlrm_kaggle) through two processes, and the shadow roles exchange
+    # back to back: S-EASGD on Ray 0.55 -> 0.80x of threads on the 2-core box,
+    # docs/performance.md).
+    server = SyncPS(s0.params, rule.exchange) if rule.name == "easgd" else None
     if rule.collective:  # compile before threads start
         rule.local(sync_rules.bmuf_init(s0.params), s0.params, s0.params)
         rule.mean([s0.params] * n)

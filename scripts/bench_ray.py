@@ -2,7 +2,7 @@
 
     python scripts/bench_ray.py [--repeats 5] [--quick] [--json FILE]
 
-Three measurements, in one process and on one local Ray instance (started once; its start and
+The measurements, in one process and on one local Ray instance (started once; its start and
 each run's actor start and compile are outside the timed part, which is the roles' run):
 
 1. ``processes``: async PS (Downpour) with 2 workers on DLRM-shaped batches (the dlrm_kaggle
@@ -18,6 +18,11 @@ each run's actor start and compile are outside the timed part, which is the role
 4. ``real`` (``--real 1,2,4,8``, for a host with the cores: not in `bench_ray`): the async PS
    on Ray with 1, 2, 4, 8 worker processes doing real compute (dlrm_kaggle, B = --batch-size,
    --per-worker steps each, one XLA thread per process), throughput at W workers / at 1.
+5. ``algos`` (``--algos async,shadow,fr,gba,persia``: not in `bench_ray`): each host-async
+   algorithm with 2 workers on DLRM-shaped batches, threads vs Ray, interleaved per repeat:
+   its median ratio Ray / threads (what measurement 1 gives for the async PS). Two workers of
+   B = --batch-size rows each: async, S-/FR-EASGD (2 trainers of one worker), GBA (2 workers
+   of B_a = B, global batch 2B), Persia hybrid (2 NN and 2 embedding workers, global batch 2B).
 `bench_ray(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
 """
 
@@ -37,6 +42,8 @@ from recjax import configs  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from recjax.data.synthetic import PRESETS  # noqa: E402
 
+ALGOS = ("async", "shadow", "fr", "gba", "persia")
+
 
 def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers: str = "none",
                  model: str = "dlrm_kaggle", seed: int = 0):
@@ -55,15 +62,32 @@ def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers:
         ray=dataclasses.replace(c.ray, snapshot_every=1_000_000))
 
 
+def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0):
+    """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5).
+
+    GBA and Persia count a step as one global batch of both workers' rows (2 x `batch`)."""
+    two = algo in ("gba", "persia")
+    c = bench_config(backend, 2, steps * (2 if two else 1), batch, seed=seed)
+    c = dataclasses.replace(c, train=dataclasses.replace(
+        c.train, algo=algo, steps=steps, batch_size=batch * (2 if two else 1)))
+    if algo == "gba":
+        c = dataclasses.replace(c, gba=dataclasses.replace(c.gba, mode="gba", workers=2,
+                                                           local_batch_size=batch))
+    if algo == "persia":
+        c = dataclasses.replace(c, persia=dataclasses.replace(
+            c.persia, mode="hybrid", nn_workers=2, embedding_workers=2))
+    return c
+
+
 def _eps(cfg) -> float:
-    from algorithms import async_ps
+    from algorithms import RUNNERS
 
     t = time.perf_counter()
-    eps = async_ps.run(cfg)["segment_examples_per_sec"]
+    eps = RUNNERS[cfg.train.algo](cfg)["segment_examples_per_sec"]
     rt = cfg.runtime
-    print(f"  {rt.backend} workers={rt.trainers} B={cfg.train.batch_size} steps={cfg.train.steps}"
-          f" {rt.stragglers}: {eps:,.0f} ex/s ({time.perf_counter() - t:.1f} s with start-up)",
-          file=sys.stderr, flush=True)
+    print(f"  {cfg.train.algo} {rt.backend} workers={rt.trainers} B={cfg.train.batch_size} "
+          f"steps={cfg.train.steps} {rt.stragglers}: {eps:,.0f} ex/s "
+          f"({time.perf_counter() - t:.1f} s with start-up)", file=sys.stderr, flush=True)
     return eps
 
 
@@ -115,6 +139,24 @@ def bench_real(repeats: int, workers: list[int], per_worker: int, batch: int,
             f"speedup_over_{base}_median": {
                 str(w): statistics.median([a / b for a, b in zip(eps[w], eps[base])])
                 for w in workers}, "all": eps}
+
+
+def bench_algos(algos: list[str], repeats: int, steps: int, batch: int) -> dict:
+    """Each algorithm, threads vs Ray, 2 workers: examples/sec and the median ratio."""
+    runs = {a: {"threads": [], "ray": []} for a in algos}
+    for r in range(repeats):
+        for a in algos:
+            for backend in ("threads", "ray"):
+                runs[a][backend].append(_eps(algo_config(a, backend, steps, batch, seed=r)))
+    out = {"name": "ray/algos", "workers": 2, "worker_batch_size": batch, "steps": steps,
+           "model": "dlrm_kaggle", "repeats": repeats}
+    for a, v in runs.items():
+        out[a] = {"threads_examples_per_sec_median": statistics.median(v["threads"]),
+                  "ray_examples_per_sec_median": statistics.median(v["ray"]),
+                  "ratio_ray_to_threads_median": statistics.median(
+                      [x / y for x, y in zip(v["ray"], v["threads"])]),
+                  "ratios": [x / y for x, y in zip(v["ray"], v["threads"])]}
+    return out
 
 
 def bench_call(batch: int, n: int = 50) -> dict:
@@ -179,10 +221,24 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--real", help="only measurement 4, at these worker counts (e.g. 1,2,4,8)")
     p.add_argument("--per-worker", type=int, default=16, help="--real: steps per worker")
-    p.add_argument("--batch-size", type=int, default=4096, help="--real: the batch size")
+    p.add_argument("--batch-size", type=int, default=4096,
+                   help="--real, --algos: one worker's batch size")
     p.add_argument("--ps-shards", type=int, default=0, help="--real: PS shards (0: the config's)")
+    p.add_argument("--algos", help=f"only measurement 5, for these algorithms ({','.join(ALGOS)})")
+    p.add_argument("--steps", type=int, default=100, help="--algos: steps per run")
     a = p.parse_args(argv)
-    if a.real:
+    if a.algos:
+        algos = [x.strip() for x in a.algos.split(",") if x.strip()]
+        if unknown := sorted(set(algos) - set(ALGOS)):
+            p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
+        from algorithms.runtime import ray_backend
+
+        cluster = ray_backend.Cluster(RayConfig())
+        try:
+            rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
+        finally:
+            cluster.stop()
+    elif a.real:
         from algorithms.runtime import ray_backend
 
         cluster = ray_backend.Cluster(RayConfig())
