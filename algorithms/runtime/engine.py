@@ -315,20 +315,18 @@ class Runtime:
         return ps_lib.EmbeddingPS(self.model.layout, tables, slots, self.sparse_opt,
                                   self.placement, rc.ps_shards, lru=lru)
 
-    def host(self, obj: Any, factory, *args, **proxy) -> Any:
-        """A server the roles share: `obj` itself, or under Ray a `ray_backend.Hosted` proxy
-        of ``factory(*args)`` built in its own actor (of `obj`'s class, or `obj` if it is a
-        class: `proxy` keywords say which attributes stay local, which methods notify, which
-        results stay references)."""
+    def host(self, cls: type, factory, *args, **proxy) -> Any:
+        """Under Ray, a server the roles share in an actor of its own: a `ray_backend.Hosted`
+        proxy (of `cls`'s methods) of ``factory(*args)`` built there; `proxy` keywords say
+        which attributes stay local, which methods notify, which results stay references.
+        Without Ray the roles share the server object itself, so there is nothing to host."""
         if self.cluster is None:
-            if isinstance(obj, type):
-                raise TypeError("Runtime.host needs the server itself outside the Ray backend")
-            return obj
+            raise RuntimeError("Runtime.host is for --backend ray: without it, share the server")
         from algorithms.runtime import ray_backend
 
         handle = self.cluster.spawn(ray_backend._Host, factory, *args, concurrency=16,
                                     resource=self.cfg.ray.ps_resource)
-        return ray_backend.Hosted(handle, obj if isinstance(obj, type) else type(obj), **proxy)
+        return ray_backend.Hosted(handle, cls, **proxy)
 
     def remote_fn(self, group: int, name: str, factory, *args):
         """``jax.jit(factory(rt, *args))``, or under Ray the same function compiled in worker
