@@ -187,9 +187,11 @@ class RayConfig:
       max_ps_restarts: PS restarts before the run stops with a checkpoint and says why.
       inline_kb: objects up to this many KiB travel inside a call's message (through its
         caller, who owns the reply); larger ones through Ray's shared-memory object store,
-        read in place on the same host. 16384 suits the 2-core box, where the store's fixed
-        cost dominates; 1024 moved GBA's 2 MB dense params and gradients faster there
-        (docs/performance.md). Local instance only (a cluster keeps its own setting).
+        read in place on the same host. On the 2-core box small messages are cheaper inline
+        (a 131 KB reply 2.2 ms against 4.2 through the store) and messages of a few MB
+        cheaper through the store (8 MB: 7.3 ms against 16.3): at 1024 every host-async
+        algorithm ran as fast as at 16384 or faster (Persia 0.62 -> 0.69 of threads,
+        docs/performance.md). Local instance only (a cluster keeps its own setting).
     """
 
     address: str = ""
@@ -200,7 +202,7 @@ class RayConfig:
     worker_resource: str = ""
     kill: str = ""
     max_ps_restarts: int = 3
-    inline_kb: int = 16384
+    inline_kb: int = 1024
 
     def __post_init__(self):
         for name in ("num_cpus", "max_ps_restarts"):

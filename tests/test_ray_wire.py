@@ -121,8 +121,8 @@ def test_inline_limit_comes_from_the_config():
     from recjax.config import RayConfig
 
     assert ray_backend.system_config(RayConfig()) == {
-        "max_direct_call_object_size": 16 * 2**20, "task_rpc_inlined_bytes_limit": 64 * 2**20}
-    assert ray_backend.system_config(RayConfig(inline_kb=1024)) == {
         "max_direct_call_object_size": 2**20, "task_rpc_inlined_bytes_limit": 4 * 2**20}
+    assert ray_backend.system_config(RayConfig(inline_kb=16384)) == {
+        "max_direct_call_object_size": 16 * 2**20, "task_rpc_inlined_bytes_limit": 64 * 2**20}
     with pytest.raises(ValueError, match="ray.inline_kb must be >= 1"):
         RayConfig(inline_kb=0)
