@@ -6,9 +6,10 @@ The measurements, in one process and on one local Ray instance (started once; it
 each run's actor start and compile are outside the timed part, which is the roles' run):
 
 1. ``processes``: async PS (Downpour) with 2 workers on DLRM-shaped batches (the dlrm_kaggle
-   model: MLPerf MLPs 13-512-256-64 / 512-256-1, 26 tables, D = 16; B = --batch-size),
-   threads vs Ray worker processes, interleaved per repeat; the median of the per-repeat
-   ratios Ray / threads (examples/sec).
+   model: MLPerf MLPs 13-512-256-64 / 512-256-1, 26 tables, D = 16; B = --batch-size,
+   default 4096, 200 steps; ``--quick``: B = 1024, 30 steps), threads vs Ray worker
+   processes, interleaved per repeat; the median of the per-repeat ratios Ray / threads
+   (examples/sec).
 2. ``scaling``: the same async PS with 1, 2, 4 workers whose compute is mostly modelled time
    (``--stragglers slow:k=W,factor=F``: every worker sleeps (F - 1) x its measured compute
    after each step), on Ray; throughput at 4 workers / at 1 (4 if nothing serializes them).
@@ -201,13 +202,15 @@ def bench_call(batch: int, n: int = 50) -> dict:
     return out
 
 
-def bench_ray(repeats: int = 5, quick: bool = False) -> list[dict]:
+def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[dict]:
+    """Measurements 1-3; measurement 1 at B = `batch`, 200 steps (``quick``: B = 1024, 30)."""
     from algorithms.runtime import ray_backend
 
     cluster = ray_backend.Cluster(RayConfig())  # one instance for every run below
     try:
         rows = [bench_call(512)]
-        rows.append(bench_processes(repeats, 30 if quick else 60, 1024))
+        rows.append(bench_processes(repeats, 30, 1024) if quick
+                    else bench_processes(repeats, 200, batch))
         rows.append(bench_scaling(repeats, 40 if quick else 80, 512, 10.0))
         return rows
     finally:
@@ -222,7 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--real", help="only measurement 4, at these worker counts (e.g. 1,2,4,8)")
     p.add_argument("--per-worker", type=int, default=16, help="--real: steps per worker")
     p.add_argument("--batch-size", type=int, default=4096,
-                   help="--real, --algos: one worker's batch size")
+                   help="one worker's batch size (measurements 1, 4, 5)")
     p.add_argument("--ps-shards", type=int, default=0, help="--real: PS shards (0: the config's)")
     p.add_argument("--algos", help=f"only measurement 5, for these algorithms ({','.join(ALGOS)})")
     p.add_argument("--steps", type=int, default=100, help="--algos: steps per run")
@@ -248,7 +251,7 @@ def main(argv=None) -> int:
         finally:
             cluster.stop()
     else:
-        rows = bench_ray(a.repeats, a.quick)
+        rows = bench_ray(a.repeats, a.quick, a.batch_size)
     for r in rows:
         print(json.dumps({k: v for k, v in r.items() if not k.endswith("all")}))
     if a.json:
