@@ -30,6 +30,7 @@ each run's actor start and compile are outside the timed part, which is the role
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -67,10 +68,10 @@ def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0):
     """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5).
 
     GBA and Persia count a step as one global batch of both workers' rows (2 x `batch`)."""
-    two = algo in ("gba", "persia")
-    c = bench_config(backend, 2, steps * (2 if two else 1), batch, seed=seed)
+    k = 2 if algo in ("gba", "persia") else 1  # worker batches per step
+    c = bench_config(backend, 2, steps * k, batch, seed=seed)
     c = dataclasses.replace(c, train=dataclasses.replace(
-        c.train, algo=algo, steps=steps, batch_size=batch * (2 if two else 1)))
+        c.train, algo=algo, steps=steps, batch_size=batch * k))
     if algo == "gba":
         c = dataclasses.replace(c, gba=dataclasses.replace(c.gba, mode="gba", workers=2,
                                                            local_batch_size=batch))
@@ -78,6 +79,27 @@ def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0):
         c = dataclasses.replace(c, persia=dataclasses.replace(
             c.persia, mode="hybrid", nn_workers=2, embedding_workers=2))
     return c
+
+
+@contextlib.contextmanager
+def _local_ray():
+    """One local Ray instance for every run inside (each run joins it), stopped after."""
+    from algorithms.runtime import ray_backend
+
+    cluster = ray_backend.Cluster(RayConfig())
+    try:
+        yield
+    finally:
+        cluster.stop()
+
+
+def _versus(runs: dict[str, list[float]]) -> dict:
+    """Threads vs Ray examples/sec of interleaved repeats: medians and per-repeat ratios."""
+    ratios = [a / b for a, b in zip(runs["ray"], runs["threads"])]
+    return {"threads_examples_per_sec_median": statistics.median(runs["threads"]),
+            "ray_examples_per_sec_median": statistics.median(runs["ray"]),
+            "ratio_ray_to_threads_median": statistics.median(ratios),
+            "ratios_all": ratios, "threads_all": runs["threads"], "ray_all": runs["ray"]}
 
 
 def _eps(cfg) -> float:
@@ -97,13 +119,8 @@ def bench_processes(repeats: int, steps: int, batch: int) -> dict:
     for r in range(repeats):
         for backend in ("threads", "ray"):
             runs[backend].append(_eps(bench_config(backend, 2, steps, batch, seed=r)))
-    ratios = [a / b for a, b in zip(runs["ray"], runs["threads"])]
     return {"name": "ray/processes", "workers": 2, "batch_size": batch, "steps": steps,
-            "model": "dlrm_kaggle", "repeats": repeats,
-            "threads_examples_per_sec_median": statistics.median(runs["threads"]),
-            "ray_examples_per_sec_median": statistics.median(runs["ray"]),
-            "ratio_ray_to_threads_median": statistics.median(ratios),
-            "ratios_all": ratios, "threads_all": runs["threads"], "ray_all": runs["ray"]}
+            "model": "dlrm_kaggle", "repeats": repeats, **_versus(runs)}
 
 
 def bench_scaling(repeats: int, steps: int, batch: int, factor: float) -> dict:
@@ -149,15 +166,8 @@ def bench_algos(algos: list[str], repeats: int, steps: int, batch: int) -> dict:
         for a in algos:
             for backend in ("threads", "ray"):
                 runs[a][backend].append(_eps(algo_config(a, backend, steps, batch, seed=r)))
-    out = {"name": "ray/algos", "workers": 2, "worker_batch_size": batch, "steps": steps,
-           "model": "dlrm_kaggle", "repeats": repeats}
-    for a, v in runs.items():
-        out[a] = {"threads_examples_per_sec_median": statistics.median(v["threads"]),
-                  "ray_examples_per_sec_median": statistics.median(v["ray"]),
-                  "ratio_ray_to_threads_median": statistics.median(
-                      [x / y for x, y in zip(v["ray"], v["threads"])]),
-                  "ratios": [x / y for x, y in zip(v["ray"], v["threads"])]}
-    return out
+    return {"name": "ray/algos", "workers": 2, "worker_batch_size": batch, "steps": steps,
+            "model": "dlrm_kaggle", "repeats": repeats, **{a: _versus(v) for a, v in runs.items()}}
 
 
 def bench_call(batch: int, n: int = 50) -> dict:
@@ -204,17 +214,11 @@ def bench_call(batch: int, n: int = 50) -> dict:
 
 def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[dict]:
     """Measurements 1-3; measurement 1 at B = `batch`, 200 steps (``quick``: B = 1024, 30)."""
-    from algorithms.runtime import ray_backend
-
-    cluster = ray_backend.Cluster(RayConfig())  # one instance for every run below
-    try:
-        rows = [bench_call(512)]
-        rows.append(bench_processes(repeats, 30, 1024) if quick
-                    else bench_processes(repeats, 200, batch))
-        rows.append(bench_scaling(repeats, 40 if quick else 80, 512, 10.0))
-        return rows
-    finally:
-        cluster.stop()
+    with _local_ray():
+        return [bench_call(512),
+                bench_processes(repeats, 30, 1024) if quick
+                else bench_processes(repeats, 200, batch),
+                bench_scaling(repeats, 40 if quick else 80, 512, 10.0)]
 
 
 def main(argv=None) -> int:
@@ -234,22 +238,12 @@ def main(argv=None) -> int:
         algos = [x.strip() for x in a.algos.split(",") if x.strip()]
         if unknown := sorted(set(algos) - set(ALGOS)):
             p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
-        from algorithms.runtime import ray_backend
-
-        cluster = ray_backend.Cluster(RayConfig())
-        try:
+        with _local_ray():
             rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
-        finally:
-            cluster.stop()
     elif a.real:
-        from algorithms.runtime import ray_backend
-
-        cluster = ray_backend.Cluster(RayConfig())
-        try:
+        with _local_ray():
             rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
                                a.batch_size, a.ps_shards)]
-        finally:
-            cluster.stop()
     else:
         rows = bench_ray(a.repeats, a.quick, a.batch_size)
     for r in rows:
