@@ -89,6 +89,26 @@ def test_backend_is_checked():
         dataclasses.replace(cfg.runtime, backend="mpi")
 
 
+class _XlaThreads:
+    """An actor body reporting the XLA threads its process runs a computation on."""
+
+    def count(self) -> int:
+        import jax
+        import jax.numpy as jnp
+
+        jax.jit(lambda x: x @ x)(jnp.ones((64, 64))).block_until_ready()
+        names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
+        return sum(n.startswith("tf_XLAEigen") for n in names)
+
+
+@pytest.mark.slow
+def test_actor_xla_threads(cluster):
+    """A worker's process computes on one XLA thread, a group of m workers' on m (not on a
+    pool as wide as the host, whichever the host: PJRT_NPROC)."""
+    got = [ray.get(cluster.spawn(_XlaThreads, xla_threads=n).count.remote()) for n in (1, 3)]
+    assert got == [1, 3]
+
+
 @pytest.mark.slow
 def test_one_worker_equals_train_step(cluster):
     """Async PS with one worker process: every pull sees the previous push (pushes are

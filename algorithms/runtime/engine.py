@@ -405,14 +405,16 @@ class Runtime:
                           self.total_steps * m, self._localize if localize else None,
                           self._depth)
 
-    def worker(self, wid: int, supply: StaticShards | SharedList, group: int | None = None
-               ) -> Worker:
+    def worker(self, wid: int, supply: StaticShards | SharedList, group: int | None = None,
+               group_size: int = 1) -> Worker:
         """Worker `wid`; under Ray its compute runs in worker group `group`'s actor process
-        (default: a process of its own; ShadowSync groups a trainer's workers)."""
+        (default: a process of its own; ShadowSync groups a trainer's `group_size` workers,
+        which get as many XLA threads there)."""
         if self.cluster is not None:
             from algorithms.runtime import ray_backend
 
-            return ray_backend.RayWorker(self, wid, supply, wid if group is None else group)
+            return ray_backend.RayWorker(self, wid, supply, wid if group is None else group,
+                                         group_size)
         return Worker(self, wid, supply)
 
     def state(self, params: Any, opt_state: Any, step: int) -> TrainState:

@@ -54,8 +54,12 @@ from recjax.train.step import Model
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the repository: recjax, algorithms
 _CLUSTERS: list[Cluster] = []  # started by this process, stopped by `shutdown`
 # Each actor process is one worker's (or one shard's) compute: one XLA thread each, instead of
-# every process spinning a pool as wide as the host (oversubscription on small hosts).
-ACTOR_ENV = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+# every process spinning a pool as wide as the host (oversubscription on small hosts). The
+# pool's size is PJRT's CPU client's, ``PJRT_NPROC`` or else the host's cores (XLA_FLAGS do not
+# set it); a group of m workers gets m (`Cluster.spawn`), since its workers' computations run
+# on that pool. On the 2-core box, async PS with 2 worker processes: 0.66 -> 0.73 of threads
+# (docs/performance.md, "Since (fourteenth session)").
+ACTOR_ENV = {"PJRT_NPROC": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
 
 
 def system_config(rc: RayConfig) -> dict:
@@ -64,7 +68,13 @@ def system_config(rc: RayConfig) -> dict:
     result costs 4.2 ms through the store, 2.2 ms inline: docs/performance.md, "Ray
     backend"); a call's inlined arguments together may reach 4x that."""
     limit = rc.inline_kb << 10
-    return {"max_direct_call_object_size": limit, "task_rpc_inlined_bytes_limit": 4 * limit}
+    # Off: the per-call task events and metrics that feed Ray's dashboard and state API (a
+    # local instance runs without the dashboard); 5 of 5 interleaved repeats ahead, +0.005 of
+    # threads (docs/performance.md).
+    quiet = {"task_events_report_interval_ms": 0, "event_stats": False,
+             "enable_metrics_collection": False}
+    return {"max_direct_call_object_size": limit, "task_rpc_inlined_bytes_limit": 4 * limit,
+            **quiet}
 
 
 def _ray():
@@ -129,14 +139,19 @@ class Cluster:
             self.started = True
             _CLUSTERS.append(self)
 
-    def spawn(self, cls: type, *args, concurrency: int = 1, resource: str = "") -> Any:
-        """An actor of `cls` (a plain class) built from `args` in its own process."""
+    def spawn(self, cls: type, *args, concurrency: int = 1, resource: str = "",
+              xla_threads: int = 1) -> Any:
+        """An actor of `cls` (a plain class) built from `args` in its own process, whose XLA
+        runs on `xla_threads` threads (computations of different threads run in parallel only
+        up to that many)."""
         ray = _ray()
         if cls not in self._remote:
             self._remote[cls] = ray.remote(cls)
         opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": concurrency, "max_restarts": 0}
         if resource:
             opts["resources"] = {resource: 1}
+        if xla_threads != 1:  # merged with the instance's env_vars (ACTOR_ENV)
+            opts["runtime_env"] = {"env_vars": {"PJRT_NPROC": str(xla_threads)}}
         handle = self._remote[cls].options(**opts).remote(*args)
         self.actors.append(handle)
         return handle
@@ -388,10 +403,11 @@ class ComputeServer:
 
 
 class Groups:
-    """The worker-group actors of a run, created on first use."""
+    """The worker-group actors of a run, created on first use; a group of `size` workers
+    gets as many XLA threads."""
 
     def __init__(self, rt):
-        self.rt, self.handles, self.pids = rt, {}, {}
+        self.rt, self.handles, self.pids, self.sizes = rt, {}, {}, {}
         self.respawns = 0
 
     def respawn(self, group: int) -> None:
@@ -401,12 +417,15 @@ class Groups:
         self.respawns += 1
         self.get(group)
 
-    def get(self, group: int):
+    def get(self, group: int, size: int = 0):
+        """Group `group`'s actor (`size`: its workers, given by the first call; default 1)."""
+        self.sizes.setdefault(group, size or 1)
         if group not in self.handles:
             rt = self.rt
             names = [sh.names for sh in rt.ps.shards]
             h = rt.cluster.spawn(ComputeServer, rt.cfg, rt.data.spec, rt.batch_size, names,
-                                 concurrency=8, resource=rt.cfg.ray.worker_resource)
+                                 concurrency=8, resource=rt.cfg.ray.worker_resource,
+                                 xla_threads=self.sizes[group])
             self.handles[group] = h
             self.pids[group] = _ray().get(h.pid.remote())
         return self.handles[group]
@@ -464,13 +483,13 @@ class RayWorker:
     through it.
     """
 
-    def __init__(self, rt, wid: int, supply, group: int):
+    def __init__(self, rt, wid: int, supply, group: int, group_size: int = 1):
         from algorithms.runtime.engine import Counters, record_step
 
         self.rt, self.wid, self.supply, self.group = rt, wid, supply, group
         self._record = record_step  # (engine is imported lazily: shard actors load this module)
         self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
-        self.handle = rt.groups.get(group)
+        self.handle = rt.groups.get(group, group_size)
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
 
     def take(self):
