@@ -10,6 +10,7 @@ start their own instance in a subprocess and check that nothing of it is left af
 import dataclasses
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -97,8 +98,8 @@ class _XlaThreads:
         import jax.numpy as jnp
 
         jax.jit(lambda x: x @ x)(jnp.ones((64, 64))).block_until_ready()
-        names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
-        return sum(n.startswith("tf_XLAEigen") for n in names)
+        tasks = pathlib.Path("/proc/self/task")
+        return sum((t / "comm").read_text().startswith("tf_XLAEigen") for t in tasks.iterdir())
 
 
 @pytest.mark.slow
