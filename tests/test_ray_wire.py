@@ -117,12 +117,16 @@ def test_a_hosted_server_answers_in_numpy():
 
 def test_inline_limit_comes_from_the_config():
     """``ray.inline_kb`` sets the local instance's inline limit (KiB -> bytes; a call's inlined
-    arguments together up to 4x it); 0 or less is refused with the field's name."""
+    arguments together up to 4x it); 0 or less is refused with the field's name. The instance
+    records no per-call task events or metrics."""
     from recjax.config import RayConfig
 
+    quiet = {"task_events_report_interval_ms": 0, "event_stats": False,
+             "enable_metrics_collection": False}
     assert ray_backend.system_config(RayConfig()) == {
-        "max_direct_call_object_size": 2**20, "task_rpc_inlined_bytes_limit": 4 * 2**20}
+        "max_direct_call_object_size": 2**20, "task_rpc_inlined_bytes_limit": 4 * 2**20, **quiet}
     assert ray_backend.system_config(RayConfig(inline_kb=16384)) == {
-        "max_direct_call_object_size": 16 * 2**20, "task_rpc_inlined_bytes_limit": 64 * 2**20}
+        "max_direct_call_object_size": 16 * 2**20, "task_rpc_inlined_bytes_limit": 64 * 2**20,
+        **quiet}
     with pytest.raises(ValueError, match="ray.inline_kb must be >= 1"):
         RayConfig(inline_kb=0)
