@@ -460,6 +460,39 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
         ray.kill(live)
 
 
+@pytest.mark.slow
+def test_a_stragglers_push_lands_after_its_slowdown(cluster):
+    """A role pushes its rows after its step's `Work`, the straggler's modelled slowdown. On
+    threads that is the order of the calls; a Ray worker's actor pushes inside its step unless
+    the step straggles: then the shards' rows stay as they were until the role's `push`,
+    which applies the update the threaded worker's push applies."""
+    from algorithms.runtime.engine import Runtime
+
+    base = small_cfg("async", steps=4, sparse=("sgd", 0.5), trainers=1, workers_per_trainer=1,
+                     stragglers="slow:k=1,factor=3")
+    rt_t, rt_r = Runtime(on_threads(base), 1), Runtime(on_ray(base), 1)
+    try:
+        item, params = (0, rt_t.warm_batch), rt_t.init_state.params
+        before = rt_r.ps.snapshot()
+        assert_trees(before, rt_t.ps.snapshot(), rtol=0, atol=0)
+        after = []
+        for rt in (rt_t, rt_r):
+            worker = rt.worker(0, None)
+            _, pending, work = worker.compute(params, item, 0)
+            assert work.factor == 3
+            assert_trees(rt.ps.snapshot(), before, rtol=0, atol=0)  # nothing pushed yet
+            worker.push(pending)
+            assert worker.counters.iterations == 1
+            after.append(rt.ps.snapshot())
+        assert any(not np.array_equal(after[1][0][k], before[0][k]) for k in before[0])
+        assert_trees(after[1], after[0], rtol=1e-5, atol=1e-6)
+        assert [sh.pushes for sh in rt_r.ps.shards] == [int(bool(sh.names))
+                                                       for sh in rt_r.ps.shards]
+    finally:
+        rt_t.close()
+        rt_r.close()
+
+
 def _train(args: list[str], mark: str, log) -> subprocess.Popen:
     """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)

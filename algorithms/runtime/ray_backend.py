@@ -342,6 +342,7 @@ class ComputeServer:
         self.ctx = types.SimpleNamespace(cfg=cfg, mini_layout=mini, mini_model=mini_model)
         self.shard_names = shard_names
         self.fns: dict[str, Any] = {}
+        self._held: dict[int, list] = {}  # worker -> its step's push, until `flush`
 
     def pid(self) -> int:
         return os.getpid()
@@ -356,7 +357,8 @@ class ComputeServer:
         return (m, g, *[{k: rows[k] for k in names} if names else None
                         for names in self.shard_names])
 
-    def step(self, params, local, coalesce: bool, push: bool, shards: list) -> tuple:
+    def step(self, params, local, coalesce: bool, push: bool, shards: list,
+             hold: int | None = None) -> tuple:
         """A worker's step with its embedding traffic made from this process: pull each
         shard's rows from its actor (`shards`: `RayEmbeddingPS.direct`, the rows as
         `wire_rows`), compute, and with `push` push each shard its row gradients (summed
@@ -370,7 +372,11 @@ class ComputeServer:
         when pushed here)``;
         `failed` maps a shard whose push found its actor dead to that push's real row sums
         (the driver restarts it and sends them again, `ShardServer.push_rows`). A shard
-        that died under the pull raises `RayActorError` to the caller."""
+        that died under the pull raises `RayActorError` to the caller.
+
+        With `hold` (a worker id; a straggler's step, see `RayWorker.compute`) the push is
+        kept here, not sent, until the driver asks for it (`flush`) after the step's modelled
+        slowdown: a role pushes after its `Work`, as the threaded backend's does."""
         ray = _ray()
         refs = [h.pull_rows.remote(wire, True) for h, wire in shards if h is not None]
         if isinstance(params, list):
@@ -384,15 +390,32 @@ class ComputeServer:
                   if h is not None}
         if not push:  # GBA: each shard's real row sums go to PS0 (its `push_sums` takes them)
             return ((m, {}), g, *[packed.get(s) for s in range(len(per))])
-        sent = [(s, h.push_rows.remote(wire, packed[s]))
-                for s, (h, wire) in enumerate(shards) if h is not None]
+        held = [(s, h, wire, packed[s]) for s, (h, wire) in enumerate(shards) if h is not None]
+        if hold is not None:
+            self._held[hold] = held
+            return ((m, {}), g, *[None] * len(per))
+        return ((m, self._push(held)), g, *[None] * len(per))
+
+    def flush(self, hold: int, handles: list) -> dict:
+        """Send the push `step` kept for worker `hold` to each shard's actor as it is now
+        (`handles[s]`: a shard may have been restarted since) and wait for it; returns
+        `failed` as `step` does."""
+        return self._push([(s, handles[s], wire, sums)
+                           for s, _, wire, sums in self._held.pop(hold)])
+
+    @staticmethod
+    def _push(held: list) -> dict:
+        """``[(shard, actor, wire rows, real row sums)]`` pushed, all sent before any is
+        waited for; ``{shard: sums}`` of those whose actor was dead."""
+        ray = _ray()
+        sent = [(s, h.push_rows.remote(wire, sums), sums) for s, h, wire, sums in held]
         failed = {}
-        for s, ref in sent:
+        for s, ref, sums in sent:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:
-                failed[s] = packed[s]  # the driver's retry: the same push through its proxy
-        return ((m, failed), g, *[None] * len(per))
+                failed[s] = sums  # the driver's retry: the same push through its proxy
+        return failed
 
     def add(self, name: str, factory, *args) -> None:
         """Compile-on-call ``jax.jit(factory(ctx, *args))`` under `name` (see `call`)."""
@@ -476,8 +499,11 @@ class RayWorker:
     The driver makes one call per step (`ComputeServer.step`): the actor pulls the batch's
     rows from each shard's actor and (async PS, ShadowSync) pushes each shard its row
     gradients, one call per (batch, shard) each way, so the rows and gradients go from process
-    to process without passing through the driver. For GBA the row gradients come back as one
-    reference per shard (`ShardGrads`) for PS0. With ``rt.dense_on_actor`` the dense gradient
+    to process without passing through the driver. A straggler's step (factor > 1) keeps its
+    push in the actor until `push`, which the role calls after the step's `Work` (its modelled
+    slowdown), as a threaded worker pushes: one more call for such a step
+    (`ComputeServer.flush`). For GBA the row gradients come back as one reference per shard
+    (`ShardGrads`) for PS0. With ``rt.dense_on_actor`` the dense gradient
     stays a reference too (its consumer, a hosted dense PS or GBA's PS0, is an actor). A shard
     that died under the step is restarted by the driver's `ShardProxy`, and the step redone
     through it.
@@ -505,16 +531,20 @@ class RayWorker:
             self._kill_at = 0
             sigkill(self.handle, self.rt.groups.pids[self.group])
         n, push = 2 + len(rt.ps.shards), not coalesce
+        # A straggler's push waits in the actor for its slowdown (`push`), as a threaded
+        # worker pushes after its `Work`: other workers must not see the gradients of a
+        # modelled slow step before its modelled end. At factor 1 nothing but the emulated
+        # links' hold sleeps between the step and its push, so the actor pushes at once (one
+        # call fewer per step).
+        hold = self.wid if push and rt.stragglers.factor(self.wid, it) > 1 else None
         try:
             try:
-                if push:
-                    for sh in rt.ps.shards:
-                        if sh.names:
-                            sh.will_push()
+                if push and hold is None:
+                    self._will_push()
                 # a dense pull's reference goes nested, resolved by the actor (`step`)
                 dense = [params] if isinstance(params, ray.ObjectRef) else host_value(params)
                 outs = self.handle.step.options(num_returns=n).remote(
-                    dense, local, coalesce, push, rt.ps.direct(rows))
+                    dense, local, coalesce, push, rt.ps.direct(rows), hold)
                 m, failed = ray.get(outs[0])
             except ray.exceptions.RayActorError:
                 if not self._alive():
@@ -531,8 +561,16 @@ class RayWorker:
         except ray.exceptions.RayActorError as e:
             raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
         work = self._record(rt, self.wid, self.counters, item, m, it)
-        pending = _Pushed(rows, failed) if push else (rows, ShardGrads(tuple(outs[2:])))
+        if push:
+            pending = _Pushed(rows, failed, held=hold is not None)
+        else:
+            pending = (rows, ShardGrads(tuple(outs[2:])))
         return g_params, pending, work
+
+    def _will_push(self) -> None:
+        for sh in self.rt.ps.shards:
+            if sh.names:
+                sh.will_push()
 
     def _alive(self) -> bool:
         ray = _ray()
@@ -543,7 +581,16 @@ class RayWorker:
             return False
 
     def push(self, pending) -> None:
-        ps = self.rt.ps
+        ps, ray = self.rt.ps, _ray()
+        if isinstance(pending, _Pushed) and pending.held:  # a straggler's: the actor sends it now
+            self._will_push()
+            handles = [sh.handle if sh.names else None for sh in ps.shards]
+            try:
+                failed = ray.get(self.handle.flush.remote(self.wid, handles))
+            except ray.exceptions.RayActorError as e:
+                raise WorkerLost(f"worker {self.wid} (group {self.group}) died before its "
+                                 f"push: {e}") from e
+            pending = _Pushed(pending.rows, failed)
         if isinstance(pending, _Pushed):  # pushed by the actor: account, and redo a failed one
             for s, sh in enumerate(ps.shards):
                 if s in pending.failed:
@@ -563,3 +610,4 @@ class _Pushed:
 
     rows: dict
     failed: dict
+    held: bool = False  # not pushed yet: kept in the actor until `RayWorker.push` (a straggler)

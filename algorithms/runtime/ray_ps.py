@@ -202,8 +202,9 @@ class ShardProxy:
         _ray().wait([self._snap])
 
     def will_push(self) -> None:
-        """A worker actor is about to push to this shard itself (`ComputeServer.step`): the
-        kill injection counts it as `submit` counts the driver's pushes."""
+        """A worker actor is about to push to this shard itself (`ComputeServer.step`, or
+        `flush` for a straggler's step): the kill injection counts it as `submit` counts the
+        driver's pushes."""
         if self._kill_at:
             with self._lock:
                 self._submitted += 1
