@@ -1,5 +1,6 @@
-"""The Ray backend (``--backend ray``, algorithms/runtime/ray_backend.py): the same roles with
-PS shards, worker groups and the algorithms' servers as actor processes.
+"""The Ray backend (``--backend ray``, algorithms/runtime/ray_backend.py, ray_ps.py,
+ray_workers.py): the same roles with PS shards, worker groups and the algorithms' servers as
+actor processes.
 
 Every test that starts Ray is marked slow (``make test-all``, CI: 64 s for the first one
 under load, Ray's start and the actors' JAX imports). Most tests share one local Ray instance (the
@@ -23,7 +24,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from algorithms import async_ps, gba, persia, shadowsync  # noqa: E402
-from algorithms.runtime import ray_backend, ray_ps  # noqa: E402
+from algorithms.runtime import ray_backend, ray_ps, ray_workers  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from tests.runtime_util import assert_trees, reference, small_cfg, worker_batches  # noqa: E402
 
@@ -414,7 +415,7 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
     src = SyntheticSource(cfg.synthetic)
     model, _, _, state = build(cfg, src.spec)
     names = [t.name for t in model.layout.tables]
-    server = ray_backend.ComputeServer(cfg, src.spec, cfg.train.batch_size, [names])
+    server = ray_workers.ComputeServer(cfg, src.spec, cfg.train.batch_size, [names])
     local, rows = ps_lib.localize(model.layout, worker_batches(cfg, 0, 1, 1)[0])
     tables = {k: np.asarray(state.tables[k]) for k in names}
     args = (0, cfg.sparse, tables, {k: () for k in names}, None)
@@ -434,7 +435,7 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
         worker = types.SimpleNamespace(rt=types.SimpleNamespace(ps=types.SimpleNamespace(
             shards=[proxy], _part=ray_ps.RayEmbeddingPS._part)),
             counters=types.SimpleNamespace(iterations=0))
-        ray_backend.RayWorker.push(worker, ray_backend._Pushed(rows, failed))
+        ray_workers.RayWorker.push(worker, ray_workers._Pushed(rows, failed))
         assert worker.counters.iterations == 1
         got = ray.get(live.snapshot.remote())[0]
         for k in names:

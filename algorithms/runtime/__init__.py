@@ -8,7 +8,8 @@
 * ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files);
 * ``segments.py``: a run from checkpoint to checkpoint (``train.ckpt_every``), roles' stop signals;
 * ``report.py``: progress bar, train / eval / counters records and TensorBoard while it runs;
-* ``ray_backend.py``: ``--backend ray``, the shards, worker groups and servers as Ray actors.
+* ``ray_backend.py``: ``--backend ray``, the cluster and the servers as Ray actors; its PS
+  shards in ``ray_ps.py``, its worker groups in ``ray_workers.py``.
 
 The algorithms (``async_ps.py``, ``shadowsync.py``, ``gba.py``) are modules beside this package.
 """

@@ -11,9 +11,9 @@ supply, writes its roles as generators (``clock.py``) around the pure jitted pie
     sched = rt.execute(roles, supply, snapshot=...)   # threads, or the virtual clock
     return rt.finish(params, opt_state, sched, workers, counters, step=...)  # eval, files
 
-Under ``--backend ray`` (``ray_backend.py``) the embedding PS shards, the worker groups'
-compute and the servers given to `Runtime.host` are Ray actor processes; the roles are the
-same and still run here, in threads.
+Under ``--backend ray`` (``ray_backend.py``, ``ray_ps.py``, ``ray_workers.py``) the embedding
+PS shards, the worker groups' compute and the servers given to `Runtime.host` are Ray actor
+processes; the roles are the same and still run here, in threads.
 
 Pieces: `Worker` (takes batches from the supply, a jitted gradient on the rows it pulled, its
 counters), `Replica` (a trainer's dense params, shared lock-free by its worker threads and its
@@ -206,10 +206,10 @@ class Runtime:
     def _setup(self, cfg: Config, num_workers: int, batch_size: int) -> None:
         rc, tc = cfg.runtime, cfg.train
         if self.backend == "ray":
-            from algorithms.runtime import ray_backend, ray_ps
+            from algorithms.runtime import ray_backend, ray_ps, ray_workers
 
             self.cluster = ray_backend.Cluster(cfg.ray)
-            self.groups = ray_backend.Groups(self)
+            self.groups = ray_workers.Groups(self)
             self._stop_saving = (KeyboardInterrupt, ray_ps.PsFailed)
         self.num_workers = num_workers
         self.batch_size = batch_size or tc.batch_size
@@ -336,9 +336,9 @@ class Runtime:
             if key not in self._fns:
                 self._fns[key] = jax.jit(factory(self, *args))
             return self._fns[key]
-        from algorithms.runtime import ray_backend
+        from algorithms.runtime import ray_workers
 
-        return ray_backend.RemoteFn(self.groups, group, name, factory, args)
+        return ray_workers.RemoteFn(self.groups, group, name, factory, args)
 
     def _mini(self, rows: int):
         """The layout of per-batch mini tables: every touched row of a `rows`-row batch."""
@@ -411,9 +411,9 @@ class Runtime:
         (default: a process of its own; ShadowSync groups a trainer's `group_size` workers,
         which get as many XLA threads there)."""
         if self.cluster is not None:
-            from algorithms.runtime import ray_backend
+            from algorithms.runtime import ray_workers
 
-            return ray_backend.RayWorker(self, wid, supply, wid if group is None else group,
+            return ray_workers.RayWorker(self, wid, supply, wid if group is None else group,
                                          group_size)
         return Worker(self, wid, supply)
 

@@ -3,7 +3,8 @@
 `ShardServer` is the actor body of one shard (a `ps.EmbeddingShard` or `ps.LruShard` built in
 the actor); `ShardProxy` is the driver's handle of it (calls, snapshots, restarts after a
 death, kill injection); `RayEmbeddingPS` is `ps.EmbeddingPS`'s interface over the proxies. The
-rest of the backend (cluster, hosted servers, worker groups) is in ``ray_backend.py``.
+rest of the backend: cluster and hosted servers in ``ray_backend.py``, worker groups in
+``ray_workers.py``.
 """
 
 from __future__ import annotations
