@@ -16,7 +16,9 @@ tests/test_async_ps.py checks it.
 
 from __future__ import annotations
 
-from algorithms.runtime import RoleSpec, Runtime, Work, Worker
+import dataclasses
+
+from algorithms.runtime import RoleSpec, Runtime, Worker
 from algorithms.runtime.ps import DensePS
 from recjax.config import Config
 
@@ -28,7 +30,7 @@ def worker_role(rt: Runtime, worker: Worker, server: DensePS):
     while (item := worker.take()) is not None:
         params, version = server.pull()
         g_params, pending, work = worker.compute(params, item, it)
-        yield Work(work.seconds, work.factor, work.transfers + ((rt.dense_link, 2 * p),))
+        yield dataclasses.replace(work, transfers=work.transfers + ((rt.dense_link, 2 * p),))
         worker.push(pending)
         server.push(g_params, version)
         it += 1

@@ -57,7 +57,6 @@ from algorithms.runtime import (
     Runtime,
     Signal,
     Wait,
-    Work,
     Worker,
     WorkerLost,
     histogram_summary,
@@ -407,7 +406,8 @@ def worker_role(server: GbaServer, worker: Worker):
         if item is None:
             server.leave(wid)
             return
-        yield Work(work.seconds, work.factor, work.transfers + ((rt.dense_link, 2 * dense_bytes),))
+        yield dataclasses.replace(
+            work, transfers=work.transfers + ((rt.dense_link, 2 * dense_bytes),))
         server.push(Grad(wid, index, index // p.m, version, g_params, rows, sums))
         worker.counters.iterations += 1
         it += 1

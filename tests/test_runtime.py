@@ -109,6 +109,55 @@ def shadow(log, pause, group=None):
         yield Work(pause=pause)
 
 
+def paced(comm: float, measured: float | None, steps: int = 2):
+    """A role whose steps spend `comm` s outside their compute (a push, a pull) and report
+    `measured` s of compute, at straggler factor 5."""
+    for _ in range(steps):
+        time.sleep(comm)
+        yield Work(factor=5.0, measured=measured)
+
+
+@pytest.mark.parametrize("measured", [0.05, None])
+def test_a_straggler_sleeps_factor_minus_one_times_its_measured_compute(measured):
+    """Threads sleep (factor - 1) x `Work.measured` (what `Worker.compute` timed), not x the
+    role's whole wall time since it resumed, which holds its pushes and pulls too: two steps of
+    0.15 s outside compute and 0.05 s of measured compute at factor 5 take 2 x (0.15 + 4 x 0.05)
+    = 0.7 s; multiplying the wall (`measured` None, a role without a compute of its own) takes
+    2 x 5 x 0.15 = 1.5 s."""
+    t0 = time.perf_counter()
+    run_threaded([RoleSpec("w", paced(0.15, measured))], ThreadGroup("recjax-rt"),
+                 emulate_links=False)
+    took = time.perf_counter() - t0
+    if measured is None:
+        assert 1.45 <= took < 2.2
+    else:
+        assert 0.68 <= took < 1.2
+
+
+def test_a_threaded_worker_times_its_compute_only_when_it_straggles():
+    """`Worker.compute` blocks on and times its gradients only at factor > 1 (nothing to scale
+    at factor 1, and the async dispatch stays as it was): `Work.measured` is then the
+    gradient call's time, within the wall time of `compute` (which also pulls the rows)."""
+    from algorithms.runtime.engine import Runtime
+
+    cfg = small_cfg("async", trainers=2, workers_per_trainer=1, stragglers="slow:k=1,factor=3")
+    rt = Runtime(cfg, 2)
+    try:
+        item, params = (0, rt.warm_batch), rt.init_state.params
+        for wid in range(2):
+            worker = rt.worker(wid, None)
+            t0 = time.perf_counter()
+            _, pending, work = worker.compute(params, item, 0)
+            took = time.perf_counter() - t0
+            worker.push(pending)
+            if rt.stragglers.factor(wid, 0) > 1:
+                assert work.factor == 3 and 0 < work.measured <= took
+            else:
+                assert work.factor == 1 and work.measured is None
+    finally:
+        rt.close()
+
+
 def test_100_start_stop_cycles_no_hang_no_leak():
     before = threading.active_count()
     t0 = time.monotonic()

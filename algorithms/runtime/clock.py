@@ -6,9 +6,10 @@ between those reads and writes it yields an *effect* that says what the step cos
 waits for. The effect set is open: an interpreter dispatches on the effect's type, and
 every effect below is handled by both interpreters.
 
-* `Work(seconds, factor, transfers, pause)`: compute that took ``seconds`` of modelled time,
-  slowed down ``factor`` x by the straggler model, then ``transfers`` over shared `Link`\\ s (a PS
-  link serves one transfer at a time), then an idle ``pause``;
+* `Work(seconds, factor, transfers, pause, measured)`: compute that took ``seconds`` of
+  modelled time (``measured`` real seconds, where the role timed its compute), slowed down
+  ``factor`` x by the straggler model, then ``transfers`` over shared `Link`\\ s (a PS link
+  serves one transfer at a time), then an idle ``pause``;
 * `Collective(group, index, value, seconds)`: join the all-reduce `group` as party ``index``;
   the generator receives the group's reduction of every party's value;
 * `Wait(signal, condition)`: park until ``condition()`` is true. The condition is re-checked
@@ -17,7 +18,9 @@ every effect below is handled by both interpreters.
   threads. The generator receives True (False when the run is stopping).
 
 `run_threaded` runs every role in its own thread (through `recjax.concurrency.ThreadGroup`):
-compute is real, a straggler sleeps ``(factor - 1)`` x its measured compute time, a link is
+compute is real, a straggler sleeps ``(factor - 1)`` x its measured compute time (``measured``:
+a worker's gradient computation, timed by `engine.Worker` or in a Ray worker's actor, so its
+pushes and pulls are not scaled; a role without it, the wall time since it last resumed), a link is
 held for ``bytes / bandwidth`` (``emulate_links``), a collective is a barrier (then held for
 its ``seconds``). `run_virtual` runs the same generators one event at a time in the calling
 thread, ordered by virtual time, ties first-scheduled-first (so roles that finish a step at
@@ -97,12 +100,15 @@ class Work:
       factor: straggler slowdown.
       transfers: ``(link, bytes)`` pairs, in order, after the compute.
       pause: idle time after the transfers (a shadow thread's interval).
+      measured: the step's measured compute seconds (threads, Ray), what a straggler's
+        `factor` multiplies; None: the role's wall time since it last resumed.
     """
 
     seconds: float = 0.0
     factor: float = 1.0
     transfers: tuple[tuple[Link, int], ...] = ()
     pause: float = 0.0
+    measured: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +264,8 @@ def _drive(role: Role, stop: threading.Event, emulate: bool, name: str = "",
                 return
             value = None
             if isinstance(effect, Work):
-                extra = (effect.factor - 1.0) * (time.perf_counter() - t0)
+                took = time.perf_counter() - t0 if effect.measured is None else effect.measured
+                extra = (effect.factor - 1.0) * took
                 if extra > 0 and stop.wait(extra):
                     return
                 for link, nbytes in effect.transfers:

@@ -160,15 +160,23 @@ class Worker:
         rt = self.rt
         _, (local, rows) = item
         minis = rt.ps.pull(rows)
+        slow = rt.stragglers.factor(self.wid, it) > 1
+        t0 = time.perf_counter()
         m, g_params, grads = (rt.grads_rows if coalesce else rt.grads)(params, minis, local)
-        return g_params, (rows, grads), record_step(rt, self.wid, self.counters, item, m, it)
+        measured = None
+        if slow:
+            jax.block_until_ready((m, g_params, grads))
+            measured = time.perf_counter() - t0
+        return g_params, (rows, grads), record_step(rt, self.wid, self.counters, item, m, it,
+                                                    measured)
 
     def push(self, pending: tuple) -> None:
         self.rt.ps.push(*pending)
         self.counters.iterations += 1
 
 
-def record_step(rt: Runtime, wid: int, counters: Counters, item: tuple, m: Any, it: int) -> Work:
+def record_step(rt: Runtime, wid: int, counters: Counters, item: tuple, m: Any, it: int,
+                measured: float | None = None) -> Work:
     """Count worker `wid`'s step on `item` (its metrics `m`, the bytes each shard served) and
     return the step's `Work`: its compute time, straggling and PS-link transfers."""
     counters.metrics.append(m)
@@ -178,7 +186,8 @@ def record_step(rt: Runtime, wid: int, counters: Counters, item: tuple, m: Any, 
     for s, b in enumerate(nbytes):
         counters.shard_bytes[s] += b
     return Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(wid, it),
-                tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b))
+                tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b),
+                measured=measured)
 
 
 class Runtime:

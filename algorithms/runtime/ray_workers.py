@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import types
 from typing import Any
 
@@ -64,14 +65,17 @@ class ComputeServer:
         return os.getpid()
 
     def compute(self, params, local, coalesce: bool, *parts) -> tuple:
-        """``(metrics, dense grads, row grads of shard 0, ..., of shard S-1)``."""
+        """``((metrics, seconds), dense grads, row grads of shard 0, ..., of shard S-1)``;
+        `seconds`: the gradient computation's wall time here (what a straggler's factor
+        multiplies, `clock.Work.measured`)."""
         minis = {}
         for p in parts:
             minis.update(p)
+        t0 = time.perf_counter()
         m, g, rows = (self._grads_rows if coalesce else self._grads)(params, minis, local)
         m, g, rows = jax.device_get((m, g, rows))
-        return (m, g, *[{k: rows[k] for k in names} if names else None
-                        for names in self.shard_names])
+        return ((m, time.perf_counter() - t0), g,
+                *[{k: rows[k] for k in names} if names else None for names in self.shard_names])
 
     def step(self, params, local, coalesce: bool, push: bool, shards: list,
              hold: int | None = None) -> tuple:
@@ -84,8 +88,8 @@ class ComputeServer:
         pulls are sent, so the dense and the embedding pulls overlap instead of Ray
         resolving it before the call starts (10-11 ms from the driver's call to the step's
         start instead of 18-22 ms, dlrm_kaggle, B = 4096, 2-core VM). Returns ``((metrics,
-        failed), dense grads, per shard: its real rows' gradient sums (`pack_rows`), or None
-        when pushed here)``;
+        failed, seconds), dense grads, per shard: its real rows' gradient sums (`pack_rows`),
+        or None when pushed here)``; `seconds` is the gradient computation's (`compute`);
         `failed` maps a shard whose push found its actor dead to that push's real row sums
         (the driver restarts it and sends them again, `ShardServer.push_rows`). A shard
         that died under the pull raises `RayActorError` to the caller.
@@ -101,16 +105,16 @@ class ComputeServer:
         pulled = iter(ray.get(refs))
         parts = [unpack_rows(next(pulled), r) for r in rows if r is not None]
         # pushed from here: one summed row per unique id, and only the real ones (`pack_rows`)
-        m, g, *per = self.compute(params, local, coalesce or push, *parts)
+        (m, secs), g, *per = self.compute(params, local, coalesce or push, *parts)
         packed = {s: pack_rows(per[s], rows[s]) for s, (h, _) in enumerate(shards)
                   if h is not None}
         if not push:  # GBA: each shard's real row sums go to PS0 (its `push_sums` takes them)
-            return ((m, {}), g, *[packed.get(s) for s in range(len(per))])
+            return ((m, {}, secs), g, *[packed.get(s) for s in range(len(per))])
         held = [(s, h, wire, packed[s]) for s, (h, wire) in enumerate(shards) if h is not None]
         if hold is not None:
             self._held[hold] = held
-            return ((m, {}), g, *[None] * len(per))
-        return ((m, self._push(held)), g, *[None] * len(per))
+            return ((m, {}, secs), g, *[None] * len(per))
+        return ((m, self._push(held), secs), g, *[None] * len(per))
 
     def flush(self, hold: int, handles: list) -> dict:
         """Send the push `step` kept for worker `hold` to each shard's actor as it is now
@@ -261,7 +265,7 @@ class RayWorker:
                 dense = [params] if isinstance(params, ray.ObjectRef) else host_value(params)
                 outs = self.handle.step.options(num_returns=n).remote(
                     dense, local, coalesce, push, rt.ps.direct(rows), hold)
-                m, failed = ray.get(outs[0])
+                m, failed, secs = ray.get(outs[0])
             except ray.exceptions.RayActorError:
                 if not self._alive():
                     raise
@@ -272,11 +276,11 @@ class RayWorker:
                          if sh.names]
                 outs = self.handle.compute.options(num_returns=n).remote(
                     host_value(params), local, coalesce, *parts)
-                m = ray.get(outs[0])
+                m, secs = ray.get(outs[0])
             g_params = outs[1] if rt.dense_on_actor else ray.get(outs[1])
         except ray.exceptions.RayActorError as e:
             raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
-        work = self._record(rt, self.wid, self.counters, item, m, it)
+        work = self._record(rt, self.wid, self.counters, item, m, it, secs)
         if push:
             pending = _Pushed(rows, failed, held=hold is not None)
         else:
