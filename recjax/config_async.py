@@ -17,7 +17,8 @@ class RuntimeConfig:
       workers_per_trainer: m Hogwild worker threads per trainer.
       ps_shards: S embedding parameter-server shards.
       placement: embedding shard placement: mod | binpack (ShadowSync Sec. 3.1).
-      stragglers: straggler model, e.g. none | lognormal:sigma=0.5 | slow:k=2,factor=4.
+      stragglers: straggler model, e.g. none | lognormal:sigma=0.5 | slow:k=2,factor=4
+        (threads, Ray: a straggler sleeps (factor - 1) x its measured gradient computation).
       bandwidth_gbps: bandwidth of a PS link (virtual clock; threads with emulate_links).
       sync_bandwidth_gbps: bandwidth of the dense links (sync PS, all-reduce, dense PS);
         0 = bandwidth_gbps.
