@@ -26,6 +26,15 @@ each run's actor start and compile are outside the timed part, which is the role
    its median ratio Ray / threads (what measurement 1 gives for the async PS). Two workers of
    B = --batch-size rows each: async, S-/FR-EASGD (2 trainers of one worker), GBA (2 workers
    of B_a = B, global batch 2B), Persia hybrid (2 NN and 2 embedding workers, global batch 2B).
+6. ``cpu`` (``--cpu``: not in `bench_ray`): where measurement 1's price of processes goes. The
+   box's CPU per worker step (every process and the kernel, `psutil.cpu_times`, sampled over
+   the middle half of a run) of the threaded run and the Ray run, and of Ray's *messaging
+   floor*: the messages of a Ray async-PS step, their route, count and sizes taken from the
+   run's own config and batch (the batch and dense params to a worker actor, one pull and one
+   push per shard from it, the dense gradients back), with nothing computed and no PS work,
+   2 workers at a time. A Ray run cannot cost less than the threaded run's work plus the
+   floor (less what one XLA thread per process saves), which bounds Ray / threads on this
+   host without any of our code in it.
 `bench_ray(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
 """
 
@@ -40,9 +49,13 @@ import statistics
 import sys
 import time
 
+import numpy as np
+import psutil
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from recjax import configs  # noqa: E402
+from recjax.concurrency import ThreadGroup  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from recjax.data.synthetic import PRESETS  # noqa: E402
 
@@ -230,6 +243,165 @@ def bench_call(batch: int, n: int = 50) -> dict:
     return out
 
 
+def _box_busy() -> float:
+    """CPU seconds the whole box has been busy (every process, the kernel's share included;
+    not idle, I/O wait or time the hypervisor took)."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
+
+
+@contextlib.contextmanager
+def _busy_samples(period: float = 0.2):
+    """``[(perf_counter, _box_busy())]``, appended every `period` s while inside."""
+    samples: list[tuple[float, float]] = []
+    group = ThreadGroup("bench-cpu")
+
+    def sample(stop) -> None:
+        while True:
+            samples.append((time.perf_counter(), _box_busy()))
+            if stop.wait(period):
+                return
+
+    group.spawn(sample, group.stop, name="sampler")
+    try:
+        yield samples
+    finally:
+        group.close()
+
+
+def _window(samples: list, lo: float, hi: float) -> float:
+    """The box's busy cores (CPU s per s) between times `lo` and `hi` (perf_counter)."""
+    win = [s for s in samples if lo <= s[0] <= hi]
+    if len(win) < 2:
+        raise RuntimeError(f"only {len(win)} CPU samples in a {hi - lo:.1f} s window; "
+                           "run more steps")
+    (t0, b0), (t1, b1) = win[0], win[-1]
+    return (b1 - b0) / (t1 - t0)
+
+
+def _run_cpu(cfg) -> dict:
+    """One run's examples/sec, busy cores and CPU ms per worker step over the middle half of its
+    timed part (its roles' run: `segment_seconds` before the run's end, less the final
+    eval's few hundred ms, which the window's last quarter absorbs)."""
+    from algorithms import RUNNERS
+
+    with _busy_samples() as samples:
+        out = RUNNERS[cfg.train.algo](cfg)
+        end = time.perf_counter()
+    d, eps = out["segment_seconds"], out["segment_examples_per_sec"]
+    cores = _window(samples, end - 0.8 * d, end - 0.3 * d)
+    return {"examples_per_sec": eps, "busy_cores": cores,
+            "cpu_ms_per_step": cores / (eps / cfg.train.batch_size) * 1e3}
+
+
+class _FloorShard:
+    """A PS shard actor that does no PS work: a pull answers the real rows' shape from a
+    fixed buffer, a push is dropped (`bench_floor`)."""
+
+    def __init__(self, dims: dict):
+        self.buf = {k: np.zeros((n, d), np.float32) for k, (n, d) in dims.items()}
+
+    def pull_rows(self, wire: dict, admit: bool = True) -> dict:
+        return {k: self.buf[k][:real.size] for k, (real, _, _) in wire.items()}
+
+    def push_rows(self, wire: dict, sums: dict) -> None:
+        return None
+
+
+class _FloorWorker:
+    """`ComputeServer.step`'s messages, in its order, with no compute: the step's arguments
+    (dense params, batch, each shard's real ids) received, the shard pulls sent and their rows
+    received, the same bytes pushed back to each shard and waited for, a gradient of the
+    dense params' shapes returned."""
+
+    def __init__(self, grads):
+        self.grads = grads
+
+    def step(self, params, local, shards: list) -> dict:
+        import ray
+
+        refs = [h.pull_rows.remote(wire, True) for h, wire in shards]
+        pulled = ray.get(refs)
+        ray.get([h.push_rows.remote(wire, rows) for (h, wire), rows in zip(shards, pulled)])
+        return self.grads
+
+
+def bench_floor(steps: int, batch: int) -> dict:
+    """Ray's messaging floor of an async PS step (2 workers, dlrm_kaggle, B = `batch`): box
+    CPU ms per worker step over the middle half of `steps` steps; the messages as a Ray
+    async-PS step sends them (`RayWorker.compute`, `ComputeServer.step`), built from a real
+    batch of the config: its localized batch, the real ids per shard (`wire_rows`), their
+    rows (`pack_rows`), the dense params as numpy."""
+    import jax
+    import ray
+
+    from algorithms.runtime import ray_backend
+    from algorithms.runtime.engine import Runtime
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors' classes
+    cfg = bench_config("threads", 2, 8, batch)
+    rt = Runtime(cfg, 2)
+    try:
+        local, rows = rt.warm_batch
+        real = ray_backend.pack_rows(rt.ps.pull(rows, admit=False), rows)
+        params = jax.device_get(rt.init_state.params)
+        names = [[k for k, s in rt.placement.items() if s == i] for i in range(len(rt.ps.shards))]
+    finally:
+        rt.close()
+    shards = [ray.remote(_FloorShard).options(max_concurrency=cfg.ray.ps_concurrency).remote(
+        {k: real[k].shape for k in ns}) for ns in names if ns]
+    wires = [ray_backend.wire_rows({k: rows[k] for k in ns}) for ns in names if ns]
+    workers = [ray.remote(_FloorWorker).remote(params) for _ in range(2)]
+    direct = list(zip(shards, wires))
+
+    def call(w):
+        return w.step.remote(params, local, direct)
+
+    try:
+        ray.get([call(w) for w in workers])  # start-up
+        done, t = 0, {}
+        with _busy_samples(0.05) as samples:
+            pending = {call(w): w for w in workers}  # each worker's step in flight, as 2 roles
+            while done < steps:
+                [ref], _ = ray.wait(list(pending))
+                w = pending.pop(ref)
+                ray.get(ref)
+                done += 1
+                t[done] = time.perf_counter()
+                pending[call(w)] = w
+            ray.get(list(pending))
+        lo, hi = t[steps // 4], t[3 * steps // 4]
+        cores = _window(samples, lo, hi)
+        per_step = (hi - lo) / (3 * steps // 4 - steps // 4)
+    finally:
+        for a in shards + workers:
+            ray.kill(a)
+    return {"busy_cores": cores, "cpu_ms_per_step": cores * per_step * 1e3,
+            "steps_per_sec": 1.0 / per_step}
+
+
+def bench_cpu(repeats: int, steps: int, batch: int) -> dict:
+    """Box CPU ms per worker step: threads, Ray, and Ray's messaging floor, interleaved."""
+    runs: dict[str, list[dict]] = {"threads": [], "ray": [], "floor": []}
+    for r in range(repeats):
+        for backend in ("threads", "ray"):
+            runs[backend].append(_run_cpu(bench_config(backend, 2, steps, batch, seed=r)))
+            print(f"  {backend}: {runs[backend][-1]}", file=sys.stderr, flush=True)
+        runs["floor"].append(bench_floor(steps, batch))
+        print(f"  floor: {runs['floor'][-1]}", file=sys.stderr, flush=True)
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(x[key] for x in runs[kind])
+
+    return {"name": "ray/cpu", "workers": 2, "batch_size": batch, "steps": steps,
+            "model": "dlrm_kaggle", "repeats": repeats,
+            **{f"{k}_cpu_ms_per_step_median": med(k, "cpu_ms_per_step") for k in runs},
+            **{f"{k}_busy_cores_median": med(k, "busy_cores") for k in runs},
+            "ratio_ray_to_threads_median": statistics.median(
+                a["examples_per_sec"] / b["examples_per_sec"]
+                for a, b in zip(runs["ray"], runs["threads"])), "all": runs}
+
+
 def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[dict]:
     """Measurements 1-3; measurement 1 at B = `batch`, 200 steps (``quick``: B = 1024, 30)."""
     with _local_ray():
@@ -250,7 +422,9 @@ def main(argv=None) -> int:
                    help="one worker's batch size (measurements 1, 4, 5)")
     p.add_argument("--ps-shards", type=int, default=0, help="--real: PS shards (0: the config's)")
     p.add_argument("--algos", help=f"only measurement 5, for these algorithms ({','.join(ALGOS)})")
-    p.add_argument("--steps", type=int, default=100, help="--algos: steps per run")
+    p.add_argument("--steps", type=int, default=100, help="--algos, --cpu: steps per run")
+    p.add_argument("--cpu", action="store_true",
+                   help="only measurement 6: CPU per step, threads vs Ray vs Ray's floor")
     a = p.parse_args(argv)
     if a.algos:
         algos = [x.strip() for x in a.algos.split(",") if x.strip()]
@@ -258,6 +432,9 @@ def main(argv=None) -> int:
             p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
         with _local_ray():
             rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
+    elif a.cpu:
+        with _local_ray():
+            rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.real:
         with _local_ray():
             rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
