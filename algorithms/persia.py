@@ -413,7 +413,14 @@ class Persia:
             _, dense, label = self._slice({}, batch, k)
             if self.dense_ps is not None:
                 params, version = self.dense_ps.pull()
-            m, g_params, g_acts = self.nn_grads[k](params, acts, dense, label)
+            # a straggler's slowdown scales its forward/backward as timed where it ran
+            # (`clock.Work.measured`), not the activations' round trip under Ray
+            factor = rt.stragglers.factor(k, step)
+            fn, secs = self.nn_grads[k], None
+            if factor > 1:
+                (m, g_params, g_acts), secs = fn.timed(params, acts, dense, label)
+            else:
+                m, g_params, g_acts = fn(params, acts, dense, label)
             worker.counters.metrics.append(m)
             worker.counters.indices.append(step)
             out, sent = {}, 0
@@ -421,8 +428,8 @@ class Persia:
                 out[g], raw, wire = codec.send_values(np.asarray(a))
                 self.ledger.add("nn->embedding", raw, wire)
                 sent += wire
-            yield Work(rt.example_cost * p.local_batch, rt.stragglers.factor(k, step),
-                       ((self.nn_link, sent),))
+            yield Work(rt.example_cost * p.local_batch, factor, ((self.nn_link, sent),),
+                       measured=secs)
             pipe.post_grads(step, k, out)
             if self.dense_ps is not None:
                 self.ledger.add("nn<->dense-ps", 2 * rt.dense_bytes)

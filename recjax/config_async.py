@@ -238,7 +238,9 @@ class PersiaConfig:
       embedding_cost_us: modelled embedding-worker time per looked-up id (virtual clock), for
         the lookup and again for the gradient path.
       embedding_stragglers: straggler SPEC of the embedding workers (as runtime.stragglers,
-        which slows the NN workers).
+        which slows the NN workers: a slow NN worker sleeps (factor - 1) x its timed
+        forward/backward; a slow embedding worker (factor - 1) x the wall time of each task's
+        step, its lookups and pushes being its compute).
       snapshot_every: global steps between in-memory snapshots of the embedding PS shards and
         the dense model (recovery, Sec. 4.2.4); 0 = only at the start.
       fail_ps_at: fault injection: at this global step embedding PS shard 0 loses its state

@@ -182,3 +182,51 @@ def test_nn_failure_right_after_a_snapshot_loses_no_dense_step():
 def test_bad_sizes_say_what_to_do():
     with pytest.raises(ValueError, match="persia.nn_workers=3"):
         persia.plan(_cfg(nn_workers=3))
+
+
+def test_an_nn_straggler_sleeps_for_its_timed_forward_backward(monkeypatch):
+    """An NN worker's `Work` carries its forward/backward's own time (`LocalFn.timed`) when
+    it straggles, so the slowdown scales that, not the codec or the waits around it (under
+    Ray: not the activations' round trip); at factor 1 nothing is timed (async dispatch
+    kept). The embedding workers' steps keep their wall time (their lookups are their work)."""
+    import sys
+
+    from algorithms.runtime import clock
+
+    seen = []
+
+    def spy(*args, **kw):  # each Work with the role that yielded it
+        work = clock.Work(*args, **kw)
+        seen.append((sys._getframe(1).f_code.co_name, work))
+        return work
+
+    monkeypatch.setattr(persia, "Work", spy)
+    cfg = _cfg(steps=8, nn_workers=2, embedding_workers=1, staleness=2,
+               train={"deterministic": False})
+    cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(
+        cfg.runtime, stragglers="slow:k=1,factor=3"))
+    got = persia.run(cfg)
+    assert got["steps"] == 8
+    nn = [w for role, w in seen if role == "nn_worker"]
+    emb = [w for role, w in seen if role != "nn_worker"]
+    assert len(nn) == 16 and emb  # 2 NN workers x 8 steps
+    slow = [w for w in nn if w.factor == 3]
+    assert len(slow) == 8  # one of the two NN workers straggles, every step
+    assert all(w.measured is not None and 0 < w.measured < 5 for w in slow)
+    assert all(w.measured is None for w in nn if w.factor == 1)
+    assert all(w.measured is None for w in emb)
+
+
+def test_a_local_fn_times_what_it_returns(monkeypatch):
+    """`LocalFn.timed` waits for the computation it times (jax dispatches asynchronously: the
+    time to the call's return alone would be the dispatch), and returns its result."""
+    from algorithms.runtime import engine
+
+    waited = []
+    block = jax.block_until_ready
+    monkeypatch.setattr(engine.jax, "block_until_ready", lambda x: waited.append(x) or block(x))
+    fn = engine.LocalFn(jax.jit(lambda x: (x @ x).sum()))
+    x = np.ones((64, 64), np.float32)
+    assert float(fn(x)) == 64.0 ** 3 and waited == []  # a plain call keeps async dispatch
+    out, secs = fn.timed(x)
+    assert waited == [out] and float(out) == 64.0 ** 3 and secs > 0

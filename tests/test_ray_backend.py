@@ -496,6 +496,39 @@ def test_a_stragglers_push_lands_after_its_slowdown(cluster):
         rt_r.close()
 
 
+def _sum_of_square(ctx, n):
+    """A `remote_fn` factory, (x @ x).sum() of x's first n x n, slow to build: a call that does
+    not wait for the build reaches the actor before the function is there."""
+    time.sleep(0.5)
+    return lambda x: (x[:n, :n] @ x[:n, :n]).sum()
+
+
+@pytest.mark.slow
+def test_a_remote_fn_times_its_computation_in_the_actor(cluster):
+    """`RemoteFn.timed` (Persia's NN worker under a straggler) returns the function's result, as
+    the threaded `LocalFn` does, and the seconds the actor spent computing it: less than the
+    call's wall time, which also holds the round trip of the 4 MB argument (on threads, the
+    same call: nothing around the function to leave out). The first call comes right after
+    the function was built: the build is waited for."""
+    from algorithms.runtime.engine import Runtime
+
+    base = small_cfg("persia", steps=2)
+    # small integers: every product and partial sum is exact in float32, in any order
+    x = np.random.default_rng(0).integers(-2, 3, (1024, 1024)).astype(np.float32)
+    want = float((x[:128, :128].astype(np.int64) @ x[:128, :128].astype(np.int64)).sum())
+    for cfg in (on_threads(base), on_ray(base)):
+        rt = Runtime(cfg, 1)
+        try:
+            fn = rt.remote_fn(0, "sum_of_square", _sum_of_square, 128)
+            assert float(fn(x)) == want  # (compiles)
+            t0 = time.perf_counter()
+            out, secs = fn.timed(x)
+            took = time.perf_counter() - t0
+            assert float(out) == want and 0 < secs < took
+        finally:
+            rt.close()
+
+
 def _train(args: list[str], mark: str, log) -> subprocess.Popen:
     """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)

@@ -175,6 +175,24 @@ class Worker:
         self.counters.iterations += 1
 
 
+class LocalFn:
+    """A jitted function run in this process (`Runtime.remote_fn` on threads), called as
+    `ray_workers.RemoteFn` is: ``fn(*args)``, or ``fn.timed(*args) -> (out, seconds)``, which
+    blocks on the result to time it (a straggler's measured compute, `clock.Work.measured`;
+    a plain call keeps jax's async dispatch)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def timed(self, *args) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(self.fn(*args))
+        return out, time.perf_counter() - t0
+
+
 def record_step(rt: Runtime, wid: int, counters: Counters, item: tuple, m: Any, it: int,
                 measured: float | None = None) -> Work:
     """Count worker `wid`'s step on `item` (its metrics `m`, the bytes each shard served) and
@@ -338,12 +356,13 @@ class Runtime:
         return ray_backend.Hosted(handle, cls, **proxy)
 
     def remote_fn(self, group: int, name: str, factory, *args):
-        """``jax.jit(factory(rt, *args))``, or under Ray the same function compiled in worker
-        group `group`'s actor and called there (numpy in, numpy out)."""
+        """``jax.jit(factory(rt, *args))`` as a `LocalFn`, or under Ray the same function
+        compiled in worker group `group`'s actor and called there (`RemoteFn`: numpy in, numpy
+        out); both also time a call (``.timed``)."""
         if self.cluster is None:
             key = (name, args)
             if key not in self._fns:
-                self._fns[key] = jax.jit(factory(self, *args))
+                self._fns[key] = LocalFn(jax.jit(factory(self, *args)))
             return self._fns[key]
         from algorithms.runtime import ray_workers
 

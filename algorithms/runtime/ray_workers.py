@@ -141,8 +141,13 @@ class ComputeServer:
         """Compile-on-call ``jax.jit(factory(ctx, *args))`` under `name` (see `call`)."""
         self.fns[name] = jax.jit(factory(self.ctx, *args))
 
-    def call(self, name: str, *args) -> Any:
-        return jax.device_get(self.fns[name](*args))
+    def call(self, name: str, *args) -> tuple[Any, float]:
+        """``(fns[name](*args) as numpy, its computation's seconds here)``: `RemoteFn.timed`
+        scales a straggler by the function's time in this process, not by the round trip."""
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(self.fns[name](*args))
+        secs = time.perf_counter() - t0
+        return jax.device_get(out), secs
 
 
 class Groups:
@@ -188,7 +193,8 @@ class Groups:
 
 
 class RemoteFn:
-    """A jitted function run by a worker group's actor: a blocking call, numpy in and out.
+    """A jitted function run by a worker group's actor: a blocking call, numpy in and out
+    (``fn(*args)``, or ``fn.timed(*args)`` with the function's seconds in the actor).
 
     If the group's process dies, it is started again, the function rebuilt there and the call
     retried once (counted in `Groups.respawns`): a role whose step cannot simply be dropped
@@ -198,9 +204,20 @@ class RemoteFn:
     def __init__(self, groups: Groups, group: int, name: str, factory, args: tuple):
         self.groups, self.group, self.name = groups, group, name
         self.factory, self.args = factory, args
-        groups.get(group).add.remote(name, factory, *args)
+        self._build()
+
+    def _build(self) -> None:
+        """Build the function in the group's actor, and wait for it: the actor serves calls
+        concurrently, so a call sent after an `add` that was not waited for could run
+        before it (a ``KeyError`` in the actor, seen once in a dozen runs of
+        tests/test_ray_backend.py's `test_a_remote_fn_times_its_computation_in_the_actor`)."""
+        _ray().get(self.groups.get(self.group).add.remote(self.name, self.factory, *self.args))
 
     def __call__(self, *args):
+        return self.timed(*args)[0]
+
+    def timed(self, *args) -> tuple[Any, float]:
+        """``(the result, its computation's seconds in the actor)`` (`engine.LocalFn.timed`)."""
         ray = _ray()
         args = tuple(map(host_value, args))
         for attempt in (0, 1):
@@ -210,7 +227,7 @@ class RemoteFn:
                 if attempt:
                     raise WorkerLost(f"{self.name}: {e}") from e
                 self.groups.respawn(self.group)
-                self.groups.get(self.group).add.remote(self.name, self.factory, *self.args)
+                self._build()
 
 
 class RayWorker:
