@@ -1,6 +1,6 @@
 """The Ray backend's messages, without a Ray instance: what travels between actors (the real
 ids and rows of a batch, `ray_backend.wire_rows` / `pack_rows`) and what a hosted server
-answers. The tests that start Ray are in tests/test_ray_backend.py."""
+answers. The tests that start Ray are in tests/test_ray_backend.py and test_ray_processes.py."""
 
 import numpy as np
 import pytest

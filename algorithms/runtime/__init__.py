@@ -33,8 +33,8 @@ from algorithms.runtime.engine import (
     Replica,
     Runtime,
     Worker,
-    histogram_summary,
 )
+from algorithms.runtime.report import histogram_summary
 
 __all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
            "Schedule", "Signal", "Wait", "Work", "Worker", "WorkerLost", "histogram_summary", "run_threaded",

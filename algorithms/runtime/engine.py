@@ -594,10 +594,3 @@ class Runtime:
         contract.write_summary(cfg, summary, preds)
         return summary | {"final_state": state, "schedule": sched}
 
-
-def histogram_summary(hist: dict[int, int]) -> dict:
-    """``{mean, max, histogram}`` of a count histogram (staleness counters of summaries)."""
-    n = sum(hist.values())
-    return {"mean": sum(k * v for k, v in hist.items()) / n if n else None,
-            "max": max((k for k, v in hist.items() if v), default=None),
-            "histogram": {str(k): int(v) for k, v in sorted(hist.items()) if v}}

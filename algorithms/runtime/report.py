@@ -278,3 +278,11 @@ class Reporter:
             self._hold = False
             self._cond.notify_all()
         self.paused += time.perf_counter() - self._held_at
+
+
+def histogram_summary(hist: dict[int, int]) -> dict:
+    """``{mean, max, histogram}`` of a count histogram (staleness counters of summaries)."""
+    n = sum(hist.values())
+    return {"mean": sum(k * v for k, v in hist.items()) / n if n else None,
+            "max": max((k for k, v in hist.items() if v), default=None),
+            "histogram": {str(k): int(v) for k, v in sorted(hist.items()) if v}}

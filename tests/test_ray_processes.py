@@ -1,0 +1,110 @@
+"""The Ray backend's processes (``--backend ray`` from the CLI): a run starts its own local
+Ray instance in a subprocess and leaves no process of it behind, after kill -9'd actors or a
+Ctrl-C (docs/distributed.md §4). Each test marks its subprocess's environment and scans /proc
+for the mark. Slow (``make test-all``): Ray's start and the actors' JAX imports.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def ray_processes(mark: str) -> list[str]:
+    """Processes on this host whose environment carries `mark`: the test's driver and
+    everything it started (raylet, GCS, workers, actors inherit the environment)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"RECJAX_TEST_MARK={mark}".encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid}: {cmd[:120]}")
+        except OSError:
+            continue
+    return out
+
+
+def _train(args: list[str], mark: str, log) -> subprocess.Popen:
+    """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py"), *args],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _finish(p: subprocess.Popen, log_path, timeout: float) -> str:
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    return open(log_path).read()
+
+
+def _no_process_left(mark: str) -> None:
+    deadline = time.time() + 20  # Ray's own processes exit asynchronously after shutdown
+    while ray_processes(mark) and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray_processes(mark) == []
+
+
+@pytest.mark.slow
+def test_cli_run_leaves_no_process(tmp_path):
+    """The CLI starts its own Ray instance and stops every process of it, with a kill -9'd
+    worker and PS shard on the way."""
+    mark = f"cli-{os.getpid()}-{time.time()}"
+    out, log_path = tmp_path / "run", tmp_path / "log"
+    with open(log_path, "w") as log:
+        p = _train(["--algo", "async", "--backend", "ray", "--config", "smoke", "--steps", "60",
+                    "--trainers", "2", "--workers-per-trainer", "1", "--ray.kill",
+                    "worker:1@4,ps:0@6", "--ray.snapshot_every", "2", "--out", str(out)], mark,
+                   log)
+    log = _finish(p, log_path, 300)
+    assert p.returncode == 0, log
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ps_restarts"] == 1 and len(s["lost_roles"]) == 1
+    _no_process_left(mark)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
+    """SIGINT mid-run: exit 130, a checkpoint that threads resume, no Ray process left."""
+    mark = f"sigint-{os.getpid()}-{time.time()}"
+    out, log_path = tmp_path / "run", tmp_path / "log"
+    with open(log_path, "w") as log:
+        p = _train(["--algo", "async", "--backend", "ray", "--config", "smoke", "--steps",
+                    "100000", "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),
+                    "--stragglers", "slow:k=2,factor=3"], mark, log)
+    deadline = time.time() + 240
+    metrics = out / "metrics.jsonl"
+    while time.time() < deadline and p.poll() is None:  # until the roles report progress
+        if metrics.exists() and '"progress"' in metrics.read_text():
+            break
+        time.sleep(0.5)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    log = _finish(p, log_path, 120)
+    assert p.returncode == 130, log
+    ckpts = [d for d in os.listdir(out / "checkpoints") if d.isdigit()]
+    assert ckpts, log
+    _no_process_left(mark)
+    step = max(map(int, ckpts))
+    with open(log_path, "w") as log:
+        r = _train(["--algo", "async", "--config", "smoke", "--steps", str(step + 20),
+                    "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),
+                    "--resume"], mark, log)
+    log = _finish(r, log_path, 300)
+    assert r.returncode == 0, log
+    assert json.loads((out / "summary.json").read_text())["steps"] == step + 20
