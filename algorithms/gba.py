@@ -52,6 +52,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from algorithms.gba_tags import RowTags
 from algorithms.runtime import (
     RoleSpec,
     Runtime,
@@ -189,8 +190,10 @@ class GbaServer:
         self.exhausted = False
         self.accounted = 0  # data-list entries whose gradient was applied or dropped
         self._lock = threading.Lock()
-        # App. B Alg. 2 l. 19: the global step at which each row was last updated.
-        self.tag = {t.name: np.full(t.num_embeddings, -1, np.int64) for t in rt.model.layout.tables}
+        # App. B Alg. 2 l. 19: the global step at which each row was last updated (keyed by
+        # raw 64-bit id under embed.store=lru, whose ids are not row indices)
+        self.tag = RowTags(((t.name, t.num_embeddings) for t in rt.model.layout.tables),
+                           raw_ids=rt.cfg.embed.store == "lru")
 
     # -- the workers' side ------------------------------------------------------------------
     def may_start(self, wid: int) -> bool:
@@ -303,8 +306,8 @@ class GbaServer:
             scale = 1.0 if gc.embedding_mean == "touched" else 1.0 / n_entries
             stale = []
             for name, (ids, n) in e.rows.items():
-                stale.append(np.maximum(self.tag[name][ids[:n]] - e.version, 0))
-                self.tag[name][ids[:n]] = k + 1
+                stale.append(np.maximum(self.tag.get(name, ids[:n]) - e.version, 0))
+                self.tag.set(name, ids[:n], k + 1)
             self.stats.add_rows(np.concatenate(stale))
             rt.ps.push_sums(e.rows, {name: e.sums[name] if scale == 1.0
                                      else np.asarray(e.sums[name]) * np.float32(scale)
@@ -319,7 +322,7 @@ class GbaServer:
             g = np.concatenate([np.asarray(e.sums[t.name])[:e.rows[t.name][1]] for e in kept])
             pulled = np.concatenate([np.full(e.rows[t.name][1], e.version) for e in kept])
             token = np.concatenate([np.full(e.rows[t.name][1], e.token) for e in kept])
-            tag = self.tag[t.name][ids]
+            tag = self.tag.get(t.name, ids)
             stale = np.maximum(tag - pulled, 0)
             ok = np.ones(ids.size, bool)
             if self.p.mode == "gba" and gc.embedding_staleness == "id":
@@ -343,7 +346,7 @@ class GbaServer:
             padded[:uniq.size] = uniq
             rows[t.name] = (padded, uniq.size)  # fixed M; the rows past uniq.size push zero
             sums[t.name] = summed
-            self.tag[t.name][uniq] = k + 1
+            self.tag.set(t.name, uniq, k + 1)
         self.stats.add_rows(np.concatenate(stale_all))
         rt.ps.push_sums(rows, sums)
 
@@ -368,7 +371,7 @@ class GbaServer:
             "local_qps_mean": sum(local) / len(local),
             "tokens_handed_out": sum(iterations), "lost_workers": self.lost,
             "updates": s.updates, "gradients_applied": s.applied, "dropped_gradients": s.dropped,
-            "dropped_embedding_rows": s.dropped_rows,
+            "dropped_embedding_rows": s.dropped_rows, "tagged_ids": self.tag.count(),
             "dense_staleness": histogram_summary(dict(s.dense_staleness)),
             "embedding_staleness": emb,
         }
@@ -479,6 +482,5 @@ def server_warm(server: GbaServer, warm: tuple) -> None:
     for sh, st in zip(rt.ps.shards, step0):
         if sh.tables:
             sh.step = st
-    for tag in server.tag.values():
-        tag[:] = -1
+    server.tag.reset()
     server.stats = Stats()

@@ -9,7 +9,7 @@
   `init_rows` and updated by the same sparse optimizer (sgd, adagrad, adam, ...).
 
 `RefLru` shares one function with the store, `admission_draws`, checked on its own for its rate
-and determinism; the store's hash map (`_IdIndex`) is also checked against a dict.
+and determinism; the store's hash map (`IdIndex`) is also checked against a dict.
 """
 
 import collections
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from recjax.checkpoint import Checkpointer
 from recjax.embeddings import SparseOptimConfig, init_rows, make_sparse_optimizer
-from recjax.embeddings.dynamic import LruStore, _IdIndex, admission_draws
+from recjax.embeddings.dynamic import IdIndex, LruStore, admission_draws
 
 DIM = 4
 LR = 0.1
@@ -321,7 +321,7 @@ def test_admission_draws_rate_and_determinism(p):
 
 def test_id_index_matches_a_dict_through_removes_and_rebuilds():
     rng = np.random.default_rng(1)
-    index, want = _IdIndex(500), {}
+    index, want = IdIndex(500), {}
     free = list(range(500))
     for _ in range(60):
         if want:  # remove a random part, then insert new keys into the freed slots

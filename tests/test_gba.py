@@ -258,8 +258,8 @@ def test_rows_dropped_by_their_last_update_leave_the_tables_alone():
     local, rows = rt.warm_batch
     _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
     before = rt.ps.snapshot()[0]
-    for tag in server.tag.values():
-        tag[:] = 5
+    for name, (ids, n) in rows.items():
+        server.tag.set(name, ids[:n], 5)
     server._apply_rows([gba.Grad(0, 0, 0, 0, g, rows, sums)] * 2, 2)
     assert server.stats.dropped_rows == 2 * sum(n for _, n in rows.values())
     np.testing.assert_equal(rt.ps.snapshot()[0], before)

@@ -116,3 +116,28 @@ def test_lru_needs_a_host_async_algorithm():
     cfg = dataclasses.replace(_cfg(), train=dataclasses.replace(_cfg().train, algo="single"))
     with pytest.raises(ValueError, match="host-async algorithms"):
         algorithms.run(cfg)
+
+
+@pytest.mark.parametrize("mode", ["gba", "sync", "async", "hop_bs", "bsp", "hop_bw"])
+def test_gba_modes_run_on_ids_beyond_the_store_capacity(mode):
+    """Ids of up to 1000 in a 60-row store (as Criteo's raw 64-bit tokens are beyond any
+    capacity): GBA's per-id tags are keyed by id, not by row index (it indexed an array of
+    `capacity` entries with the raw id: IndexError)."""
+    cfg = _cfg("gba", steps=12, capacity=60, mode=mode, workers=4, local_batch_size=16,
+               embedding_staleness="id", iota=1, stragglers="slow:k=1,factor=3")
+    got = gba.run(cfg)
+    assert got["lru"]["total"]["evicted"] > 0
+    assert got["tagged_ids"] > 4 * 60  # more ids were tagged than one table's store holds
+    assert np.isfinite(got["eval_ne"])
+
+
+def test_gba_tags_by_raw_id_equal_tags_by_row_index():
+    """A store holding every id, and the fixed tables: the same ids are tagged at the same
+    steps, so the per-row staleness histogram and the dropped rows agree exactly."""
+    cfg = _cfg("gba", steps=12, mode="gba", workers=4, local_batch_size=16,
+               embedding_staleness="id", iota=0, stragglers="slow:k=1,factor=3")
+    lru, fixed = gba.run(cfg), gba.run(_fixed(cfg))
+    assert lru["embedding_staleness"] == fixed["embedding_staleness"]
+    assert lru["embedding_staleness"]["max"] > 0
+    assert lru["dropped_embedding_rows"] == fixed["dropped_embedding_rows"]
+    assert lru["tagged_ids"] == fixed["tagged_ids"] > 0

@@ -517,3 +517,15 @@ def test_ps_lost_for_good_stops_with_a_restorable_checkpoint(cluster, tmp_path):
     cont = dataclasses.replace(base, train=dataclasses.replace(base.train, resume=True))
     s = async_ps.run(on_threads(cont))
     assert s["steps"] == 40 and np.isfinite(s["eval_ne"])
+
+
+@pytest.mark.slow
+def test_gba_on_ray_with_ids_beyond_the_store_capacity(cluster):
+    """Issue 40 item 1 under Ray: PS0 in its own process keys its per-id tags by raw id."""
+    base = small_cfg("gba", steps=8, sparse=("adagrad", 0.05), workers=4, local_batch_size=16,
+                     embedding_staleness="id", iota=1)
+    base = dataclasses.replace(base, embed=dataclasses.replace(base.embed, store="lru",
+                                                               capacity=60))
+    s = gba.run(on_ray(base))
+    assert s["backend"] == "ray" and s["lru"]["total"]["evicted"] > 0
+    assert s["tagged_ids"] > 4 * 60 and np.isfinite(s["eval_ne"])

@@ -9,7 +9,7 @@ is that design written with whole-batch numpy operations (no per-id Python loop)
 * rows: ``values f32[rows, D]`` and the optimizer slots (``opt.init`` of the rows, same leading
   dim) share one *slot* index; slots ``[0, size)`` are the resident rows. The arrays double
   as the store fills, up to ``capacity`` rows (a store of a small field stays small).
-* map: `_IdIndex`, raw id -> slot, open addressing with linear probing, probed for all ids of
+* map: `IdIndex`, raw id -> slot, open addressing with linear probing, probed for all ids of
   a batch at once.
 * recency: each row's last pull as one number, ``tick << 32 | position in that pull``, and an
   append-only log of ``(slot, recency)`` touches; an entry is live while its slot's recency
@@ -62,7 +62,7 @@ median of 3 x 30 batches, ms per batch:
   numba ``njit`` open addressing, 4x positions     2.4   numba + llvmlite ~210 MB; 0.5 s
                                                          import + ~1 s compile per process
   numba ``njit`` open addressing, 2x positions     3.3   (same)
-  `_IdIndex` (numpy, 4x positions)                 3.4   nothing beyond numpy
+  `IdIndex` (numpy, 4x positions)                  3.4   nothing beyond numpy
   pandas ``_libs.hashtable.Int64HashTable``        4.4   pandas ~85 MB; a private module with
                                                          no delete (stale keys checked, rebuilt)
   numpy sorted array + ``searchsorted``           12.8   nothing; O(capacity) per insert
@@ -94,8 +94,8 @@ from recjax.embeddings.tables import init_rows
 
 FILLER = -1  # a padding entry of `pull`/`push` ids (zero row, no gradient); never a stored key
 COUNTERS = ("admitted", "evicted", "not_admitted", "dropped_gradients", "pulls", "pushes")
-_EMPTY, _TOMB = -1, -2  # `_IdIndex` slot markers: never used / deleted (probe past it)
-_MAX_WINDOW = 32  # widest probe window of `_IdIndex` (positions tested at once per key)
+_EMPTY, _TOMB = -1, -2  # `IdIndex` slot markers: never used / deleted (probe past it)
+_MAX_WINDOW = 32  # widest probe window of `IdIndex` (positions tested at once per key)
 _MIN_BUCKET = 16  # smallest padded size of the jitted optimizer calls
 _FIRST_ROWS = 1024  # rows allocated at first; the arrays double as the store fills
 _RECENT_PULLS = 8  # pulls whose (ids, slots) `push` may reuse (engine staleness is smaller)
@@ -133,7 +133,7 @@ def put_rows(a: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> None:
     np.put(flat(a), idx, flat(rows))
 
 
-class _IdIndex:
+class IdIndex:
     """Hash map raw id (int64) -> slot, every operation vectorised over a batch of keys.
 
     Open addressing with linear probing, at most 1/4 full of keys. ``table[position]`` holds
@@ -346,7 +346,7 @@ class LruStore:
         self.keys, self._recency = grow(self.keys), grow(self._recency, -1)
         self.values = grow(self.values)
         self.slots = jax.tree.map(grow, self.slots)
-        self._index = _IdIndex(rows)
+        self._index = IdIndex(rows)
         self._index.insert(self.keys[:self.size], np.arange(self.size))
 
     def _reserve(self, rows: int) -> None:
