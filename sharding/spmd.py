@@ -28,7 +28,7 @@ from recjax.data.sources import open_source
 from recjax.data.synthetic import SyntheticSource, synthetic_name
 from recjax.features import FeatureSpec
 from recjax.runlog import write_json_atomic
-from recjax.train import loop
+from recjax.train import contract, loop
 from recjax.train.step import StepMetrics
 from sharding import mesh
 
@@ -67,13 +67,39 @@ def gather(x, axes=("data",)):
     return jax.lax.all_gather(x, axes, axis=0, tiled=True, to="invarying")
 
 
+def claim_out_everywhere(out: str, lead: bool) -> None:
+    """The ``--out`` policy of a multi-process run (`recjax.train.contract.claim_out`): process 0,
+    the one that writes ``--out``, takes its lock and refuses a directory holding a run; every
+    process learns the verdict through one collective, so a refusal stops the whole job with
+    the reason instead of leaving the other processes waiting in the first step.
+
+    Raises:
+      ValueError: on every process, when process 0 refused ``--out``.
+    """
+    from jax.experimental import multihost_utils
+
+    error = ""
+    if lead and out:
+        try:
+            contract.claim_out(out)
+        except (ValueError, OSError) as e:
+            error = str(e)
+    refused = int(multihost_utils.broadcast_one_to_all(np.int32(bool(error))))
+    if error:
+        raise ValueError(error)
+    if refused:
+        raise ValueError(f"process 0 refused --out {out} (its error names why); use another "
+                         "--out or free that one")
+
+
 def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
     """Set up devices, check the config, train with the shared trainer, write the outputs.
 
     In a multi-process run every process trains (SPMD) and process 0 writes ``--out``:
     summary.json, metrics.jsonl, predictions.csv and TensorBoard events as a single process
-    does, and final_state.npz with ``spmd.save_state``. It writes no checkpoints (each process
-    holds only its shards of the state), so ``--resume`` is refused up front.
+    does, and final_state.npz with ``spmd.save_state``, under the ``--out`` policy of every run
+    (`claim_out_everywhere`). It writes no checkpoints (each process holds only its shards of
+    the state), so ``--resume`` is refused up front.
     """
     multi = cfg.spmd.num_processes > 1
     if multi and cfg.train.resume:
@@ -82,6 +108,8 @@ def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
     n = mesh.init_runtime(cfg)
     setup = setup_cls.from_config(cfg, n)  # every config error is raised here, before compiling
     lead = jax.process_index() == 0
+    if multi:
+        claim_out_everywhere(cfg.train.out, lead)
     inner = cfg
     if multi and not lead:
         inner = dataclasses.replace(cfg, train=dataclasses.replace(

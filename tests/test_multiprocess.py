@@ -76,3 +76,54 @@ def test_sync_two_processes_equal_one(tmp_path):
 def test_sync_one_axis_routed_two_processes_equal_one(tmp_path):
     """The 1-D mesh's owner routing: all_to_all of ids, rows and row gradients across processes."""
     _compare(tmp_path, ["--algo", "sync", "--spmd.route_capacity=8"])
+
+
+def _launch(args, out, timeout=100):
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    cmd = [sys.executable, "scripts/launch.py", "--num-processes", "2", "--timeout", str(timeout),
+           "--", sys.executable, "scripts/train.py", *COMMON, *args, "--out", str(out)]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout + 20)
+
+
+def _files(d):
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"}
+
+
+def test_the_out_policy_holds_for_a_multi_process_run(tmp_path):
+    """Issue 40 item 3: a 2-process run into the --out of a single-process run (checkpoints
+    there) is refused by every process, and the old run's files are left as they were; so is
+    a second 2-process run into the --out of a finished one (summary.json, no checkpoints)."""
+    out = tmp_path / "single"
+    _run([sys.executable, "scripts/train.py", *COMMON, "--out", str(out)])
+    before = _files(out)
+    r = _launch(["--algo", "des", "--model", "deepfm"], out)
+    assert r.returncode != 0 and "already holds checkpoints" in r.stderr, r.stderr[-3000:]
+    assert _files(out) == before
+    # every process stopped with the reason, none waited for the others' first step
+    assert r.stderr.count("process 0 refused --out") == 1, r.stderr[-3000:]
+
+    multi = tmp_path / "multi"
+    assert _launch(["--algo", "des", "--model", "deepfm"], multi).returncode == 0
+    before = _files(multi)
+    r = _launch(["--algo", "des", "--model", "deepfm"], multi)
+    assert r.returncode != 0 and "summary of a finished run" in r.stderr, r.stderr[-3000:]
+    assert _files(multi) == before
+
+
+@pytest.mark.slow
+def test_a_multi_process_run_waits_for_no_lock_holder(tmp_path):
+    """Another process holds --out's lock: the 2-process job is refused, naming it."""
+    out = tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, '.');"
+                               "from recjax.train import contract; contract.lock_out(sys.argv[1]);"
+                               "print('held', flush=True); time.sleep(60)", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = _launch(["--algo", "des", "--model", "deepfm"], out)
+        assert r.returncode != 0 and "in use by another run" in r.stderr, r.stderr[-3000:]
+        assert not (out / "summary.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()

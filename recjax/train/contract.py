@@ -4,9 +4,10 @@ The single-device trainer (`recjax.train.loop`), the SPMD algorithms (through it
 host-async engine (``algorithms/runtime/engine.py``) all go through these functions, so that a
 run directory means the same thing whichever algorithm wrote it:
 
-* `open_run`: the ``--out`` policy (a fresh run refuses a directory that already holds
-  checkpoints; ``--resume`` restores the latest one and refuses a config that would change the
-  trajectory, naming each key) and the Train-NE sums and timings carried across segments;
+* `open_run` / `claim_out`: the ``--out`` policy (a fresh run, in any process layout, refuses
+  a directory that already holds checkpoints or a finished run's summary; ``--resume``
+  restores the latest checkpoint and refuses a config that would change what is trained or
+  evaluated, naming each key) and the Train-NE sums and timings carried across segments;
 * `Progress`: what a checkpoint carries besides the state (whole-run Train NE, timings);
 * `evaluate` / `write_predictions`: the eval pass and predictions.csv;
 * `build_summary` / `write_summary`: summary.json, with the same fields for every algorithm
@@ -175,18 +176,19 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
         also goes on from its own periodic checkpoints this way).
 
     Raises:
-      ValueError: a fresh run into an ``--out`` that holds checkpoints, or a resume whose
-        config differs from the checkpoint's in a key that changes the trajectory.
+      ValueError: a fresh run into an ``--out`` that holds a run (`claim_out`), or a resume
+        whose config differs from the checkpoint's in a key that changes the trajectory.
       CheckpointCorruptError: a resume where no checkpoint is intact.
     """
     tc = cfg.train
-    if tc.out and checkpoints:
-        lock_out(tc.out)
+    resume = tc.resume if resume is None else resume
+    if tc.out:
+        claim_out(tc.out, resume)  # every process layout: lock, and refuse a used --out
     ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts)
             if tc.out and checkpoints else None)
     if ckpt:
         ckpt.clean_stale()  # saves a kill cut short; safe under the lock
-    if tc.resume if resume is None else resume:
+    if resume:
         state, meta = ckpt.restore(state)  # the newest intact checkpoint
         # compare as JSON sees them (tuples were saved as lists)
         check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())),
@@ -194,13 +196,42 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
         # this segment replays the steps after the checkpoint: their old records must go
         drop_records_after(os.path.join(tc.out, "metrics.jsonl"), int(state.step))
         return ckpt, state, Progress(meta.get("progress"))
-    if ckpt and ckpt.latest_step() is not None:
-        latest = ckpt.latest_step()
-        ckpt.close()
-        raise ValueError(f"{ckpt.directory} already holds checkpoints of a run (latest step "
-                         f"{latest}); pass --resume to continue it, or use another --out (or "
-                         "delete that directory)")
     return ckpt, state, Progress()
+
+
+def committed_steps(directory: str) -> list[int]:
+    """The steps of the committed checkpoints in `directory` (orbax names each by its step;
+    an unfinished save carries a suffix), read from the file system alone: no checkpoint
+    manager, so one process of a multi-process run can ask without the others."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+def claim_out(out: str, resume: bool = False) -> None:
+    """The ``--out`` policy, the same for every process layout: take ``out/.lock`` (`lock_out`);
+    a fresh run (not `resume`) refuses a directory that holds a run's checkpoints or the
+    summary.json of a finished one (a multi-process run writes no checkpoints), since it would
+    overwrite that run's records beside them.
+
+    Raises:
+      ValueError: the lock is held by another process, or the directory holds a run.
+    """
+    lock_out(out)
+    if resume:
+        return
+    ckpts = os.path.join(os.path.abspath(out), "checkpoints")
+    steps = committed_steps(ckpts)
+    if steps:
+        raise ValueError(f"{ckpts} already holds checkpoints of a run (latest step {steps[-1]}); "
+                         "pass --resume to continue it, or use another --out (or delete that "
+                         "directory)")
+    summary = os.path.join(os.path.abspath(out), "summary.json")
+    if os.path.exists(summary):
+        raise ValueError(f"{summary} is the summary of a finished run; use another --out (or "
+                         "delete that directory)")
 
 
 _LOCKS: dict[str, Any] = {}  # run directory -> its open lock file, held until the process ends
