@@ -56,9 +56,9 @@ def _cfg(tmp_path, **train):
     cfg = configs.smoke()
     return dataclasses.replace(
         cfg, synthetic=dataclasses.replace(cfg.synthetic, n_train=8192, n_eval=512),
-        train=dataclasses.replace(cfg.train, steps=20, batch_size=64, eval_every=2,
-                                  progress=False, eval_batch_size=512, out=str(tmp_path / "run"),
-                                  **train))
+        train=dataclasses.replace(cfg.train, **{
+            "steps": 20, "batch_size": 64, "eval_every": 2, "progress": False,
+            "eval_batch_size": 512, "out": str(tmp_path / "run"), **train}))
 
 
 def _scripted(monkeypatch, aucs):
@@ -116,3 +116,25 @@ def test_early_stop_config_errors():
         make_model(cfg, SPEC)
     with pytest.raises(ValueError, match="train.monitor must be one of"):
         apply_overrides(Config(), [("train.monitor", "auc")])
+
+
+def test_a_resumed_run_compares_with_the_best_before_its_checkpoint(tmp_path, monkeypatch):
+    """Issue 40 item 2's audit: the tracker's state travels in the checkpoint. Evals every 2
+    steps, patience 4: the best 0.9 at step 4; segment one ends at step 10 (its final eval is
+    the 3rd without improvement), the resumed one evaluates 0.8 at step 12, the 4th: it stops
+    there, and out/best/ still holds step 4, as in the uninterrupted run (a fresh tracker took
+    0.8 for the best and wrote step 12 over it)."""
+    evals = [0.6, 0.9, 0.7, 0.7, 0.7, 0.8, 0.5, 0.5, 0.5, 0.5]
+    _scripted(monkeypatch, evals)
+    once = run(_cfg(tmp_path, early_stop_patience=4, keep_best=True, out=str(tmp_path / "once")))
+    assert (once["steps"], once["best_step"], once["best_metric"]) == (12, 4, 0.9)
+
+    monkeypatch.undo()  # each _scripted wraps the real evaluate
+    _scripted(monkeypatch, evals[:5])
+    run(_cfg(tmp_path, early_stop_patience=4, keep_best=True, steps=10))
+    monkeypatch.undo()
+    _scripted(monkeypatch, evals[5:])
+    resumed = run(_cfg(tmp_path, early_stop_patience=4, keep_best=True, resume=True))
+    assert (resumed["steps"], resumed["early_stopped"]) == (12, True)
+    assert (resumed["best_step"], resumed["best_metric"]) == (4, 0.9)
+    assert Checkpointer(str(tmp_path / "run" / "best")).all_steps() == [4]

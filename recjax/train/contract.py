@@ -41,12 +41,16 @@ from recjax.train.step import StepMetrics, TrainState
 
 # Config keys that may change between a checkpoint and its resumption: they do not alter the
 # trajectory (how long to train, what to write, how often). Everything else must match.
+# Not here, so refused: ``data.eval``, ``data.holdout`` and ``data.split_seed`` choose the eval
+# set and, when it is held out of the training data, the training set too (a new split puts
+# trained rows into the eval set); ``train.monitor`` chose the state ``out/best`` holds. The
+# others change how the data is read (caches, threads; the stream does not depend on them) or
+# how the metrics of the same rows are summed (``eval_batch_size``: float rounding only).
 RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume", "train.log_every",
                      "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.progress",
                      "train.save_predictions", "train.tensorboard", "train.stop_after",
                      "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
-                     "data.cache_rows", "data.eval", "data.holdout", "data.split_seed",
-                     "train.compile_cache", "train.monitor", "train.early_stop_patience",
+                     "data.cache_rows", "train.compile_cache", "train.early_stop_patience",
                      "train.keep_best"}
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
@@ -96,6 +100,8 @@ class Progress:
       timed_steps: steps counted in the throughput (each segment's compile step excluded).
       train_seconds: time of those steps, without in-loop evals and checkpoints.
       wall_seconds: wall time of earlier segments (a resumed run adds its own).
+      early_stop: `EarlyStopper.state` at the checkpoint (None without early stopping or
+        keep_best), so a resumed run goes on comparing with the best so far.
     """
 
     def __init__(self, saved: dict | None = None):
@@ -104,6 +110,7 @@ class Progress:
         self.timed_steps = saved.get("timed_steps", 0)
         self.train_seconds = saved.get("train_seconds", 0.0)
         self.wall_seconds = saved.get("wall_seconds", 0.0)
+        self.early_stop: dict | None = saved.get("early_stop")
 
     def add(self, s: dict) -> None:
         for k in StepMetrics._fields:
@@ -111,7 +118,8 @@ class Progress:
 
     def as_dict(self, wall_now: float) -> dict:
         return {"totals": self.totals, "timed_steps": self.timed_steps,
-                "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now}
+                "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now,
+                **({"early_stop": self.early_stop} if self.early_stop is not None else {})}
 
 
 class DivergedError(ValueError):

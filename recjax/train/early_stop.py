@@ -12,8 +12,11 @@ so with patience p the run stops at the p-th eval in a row that did not beat the
 metric, e.g. AUC of a one-class hold-out, never does). The state of every improving eval is
 written to ``out/best/`` by its own `Checkpointer` keeping one step (orbax's atomic commit, the
 same checksums), and summary.json reports ``best_step`` and ``best_metric``. The end-of-run
-eval counts as one more eval. On ``--resume`` the counter and the best value start afresh
-(out/best/ keeps the earlier best until a better one replaces it).
+eval counts as one more eval. A checkpoint carries the tracker's state (`state`: best value,
+its step, the evals since), so a resumed run compares with the best so far and out/best/ keeps
+the earlier best until a better one replaces it; ``train.monitor`` cannot change on
+``--resume``. Should ``train.keep_best`` be switched on at a resume while out/best/ holds no
+checkpoint yet, the tracking starts afresh there, so that out/best/ holds the best eval it saw.
 """
 
 from __future__ import annotations
@@ -48,13 +51,30 @@ class EarlyStopper:
         self.ckpt = Checkpointer(best_dir, max_to_keep=1) if best_dir else None
 
     @classmethod
-    def from_config(cls, cfg, checkpoints: bool = True) -> EarlyStopper | None:
-        """None unless ``train.early_stop_patience`` or ``train.keep_best`` is set."""
+    def from_config(cls, cfg, checkpoints: bool = True,
+                    saved: dict | None = None) -> EarlyStopper | None:
+        """None unless ``train.early_stop_patience`` or ``train.keep_best`` is set.
+
+        Args:
+          saved: `state` from the checkpoint a run resumes from (None: a fresh tracker).
+        """
         tc = cfg.train
         if not (tc.early_stop_patience or tc.keep_best):
             return None
         best_dir = os.path.join(tc.out, "best") if tc.out and checkpoints else None
-        return cls(tc.monitor, tc.early_stop_patience, best_dir)
+        stopper = cls(tc.monitor, tc.early_stop_patience, best_dir)
+        if saved and not (stopper.ckpt is not None and stopper.ckpt.latest_step() is None):
+            if saved["monitor"] != tc.monitor:  # check_resumable refuses this first
+                raise ValueError(f"train.monitor {tc.monitor!r} differs from the checkpoint's "
+                                 f"{saved['monitor']!r}")
+            stopper.best, stopper.best_step, stopper.bad = (saved["best"], saved["best_step"],
+                                                            saved["bad"])
+        return stopper
+
+    def state(self) -> dict:
+        """What a checkpoint carries (`recjax.train.contract.Progress.early_stop`)."""
+        return {"monitor": self.monitor, "best": self.best, "best_step": self.best_step,
+                "bad": self.bad}
 
     def update(self, step: int, ev: dict) -> bool:
         """Record the eval ``ev`` (`contract.evaluate`'s dict) made at ``step``; True when it is

@@ -143,12 +143,14 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             window = []
         progress.train_seconds = train_seconds_before + (t - t_first - paused if t_first else 0.0)
         progress.timed_steps = timed_before + (at - first_step if t_first else 0)
+        progress.early_stop = stopper.state() if stopper is not None else None
         contract.save(ckpt, cfg, strategy.unshard(state), progress, t - t0)
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
     epoch_ckpts = contract.epoch_checkpoints(total_steps)
-    stopper = EarlyStopper.from_config(cfg, checkpoints)  # None unless early stop / keep_best
+    # None unless early stop / keep_best; a resumed run goes on from the checkpoint's best
+    stopper = EarlyStopper.from_config(cfg, checkpoints, progress.early_stop)
     last_eval: tuple = (-1, None, None)  # (step, metrics, predictions) of the latest mid-run eval
 
     def save_best(best_ckpt) -> None:
@@ -212,6 +214,17 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         bar.close()
     t_train_end = time.perf_counter()
     seg_seconds = t_train_end - t_first - paused if t_first else 0.0
+    early = stopper is not None and stopper.stopped_at is not None
+    finished = not interrupted and (step >= total_steps or early)
+    if finished:  # the final eval counts for the best before the checkpoint records the best
+        if early and last_eval[0] == step:  # the eval that stopped the run is the final one
+            _, ev, preds = last_eval
+        else:
+            ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
+            writer.write({"kind": "eval", "step": step, **ev})
+            if stopper is not None and stopper.update(step, ev):
+                stopper.save_best(save_best)
+        paused += time.perf_counter() - t_train_end
     if ckpt and step > start_step:
         try:  # state is between steps here: a consistent point to save
             save(step)
@@ -222,8 +235,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                      else "no checkpoint was written"))
     elif window:
         progress.add(contract.sum_metrics(window, step, ckpt))
-    early = stopper is not None and stopper.stopped_at is not None
-    if interrupted or (step < total_steps and not early):
+    if not finished:
         if ckpt:
             ckpt.close()
         if stopper is not None:
@@ -236,15 +248,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             raise KeyboardInterrupt
         return {"stopped_at": step, "steps": step}
 
-    if early and last_eval[0] == step:  # the eval that stopped the run is the final one
-        _, ev, preds = last_eval
-    else:
-        ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
-        writer.write({"kind": "eval", "step": step, **ev})
     if counters := strategy.summary():  # the algorithm's counters, as host-async runs record them
         writer.write({"kind": "counters", "step": step, **flat_scalars(counters)})
-    if stopper is not None and not early and stopper.update(step, ev):
-        stopper.save_best(save_best)
     final = strategy.unshard(state)
     summary = contract.build_summary(
         cfg, data, final, progress, ev, start_step=start_step,
