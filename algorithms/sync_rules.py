@@ -25,7 +25,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-RULES = ("easgd", "ma", "bmuf", "none")
+from recjax.config_async import SYNC_RULES
+
+RULES = SYNC_RULES  # the names of the rules below (shadowsync.sync)
 
 
 def _lerp(w, target, a):
@@ -102,7 +104,7 @@ class SyncRule:
         if self.name not in RULES:
             raise ValueError(f"--sync {self.name!r} is unknown; rules: {', '.join(RULES)}")
         if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"runtime.alpha must be in [0, 1], got {self.alpha}")
+            raise ValueError(f"shadowsync.alpha must be in [0, 1], got {self.alpha}")
 
     @property
     def collective(self) -> bool:

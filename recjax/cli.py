@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from recjax import config_files, configs
+from recjax import config_files, configs, registry
 from recjax.config import Config, ConfigError, apply_overrides, help_text
 from recjax.data.synthetic import preset, synthetic_name
 
@@ -36,8 +36,7 @@ def parser(description: str) -> argparse.ArgumentParser:
                         "(config() or CONFIG), .json/.yaml (nested sections), or a run's "
                         "summary.json (reruns it; pass a new --out)")
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
-    p.add_argument("--algo", help="training algorithm: single | sync | des | async | shadow | fr | "
-                                   "gba | persia")
+    p.add_argument("--algo", help=registry.help_line())
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
                                   "movielens:PATH | taobao:PATH | synthetic[:NAME]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")

@@ -14,6 +14,7 @@ import difflib
 import math
 import typing
 
+from recjax import registry
 from recjax.config_async import (
     GbaConfig,
     PersiaConfig,
@@ -216,8 +217,7 @@ class SpmdConfig:
                              f"{self.route_capacity}")
 
 
-# Every algorithm name the CLI knows; scripts/train.py says which are implemented.
-ALGOS = ("single", "sync", "des", "async", "shadow", "fr", "gba", "persia")
+ALGOS = registry.NAMES  # every --algo (recjax/registry.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +225,8 @@ class TrainConfig:
     """The training run.
 
     Attributes:
-      algo: training algorithm: single (one device) | sync | des | async | shadow | fr | ...
+      algo: training algorithm, a row of recjax/registry.py: single (one device) | sync | des |
+        async | shadow | fr | gba | persia.
       batch_size: examples per step (global batch).
       microbatches: slices the dense forward/backward is looped over within a step (same
         gradient up to float summation order; faster on CPU for big MLPs at big batches, see

@@ -65,6 +65,9 @@ class RuntimeConfig:
             raise ValueError(f"runtime.example_cost_us must be >= 0, got {self.example_cost_us}")
 
 
+SYNC_RULES = ("easgd", "ma", "bmuf", "none")  # shadowsync.sync (algorithms/sync_rules.py)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShadowSyncConfig:
     """ShadowSync and its foreground baselines (algorithms/shadowsync.py; Zheng et al. 2020).
@@ -91,8 +94,9 @@ class ShadowSyncConfig:
     shadow_interval_ms: float = 5.0
 
     def __post_init__(self):
-        if self.sync not in ("easgd", "ma", "bmuf", "none"):
-            raise ValueError(f"shadowsync.sync must be easgd, ma, bmuf or none, got {self.sync!r}")
+        if self.sync not in SYNC_RULES:
+            raise ValueError(f"shadowsync.sync must be one of {', '.join(SYNC_RULES)}, got "
+                             f"{self.sync!r}")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"shadowsync.alpha must be in [0, 1], got {self.alpha}")
         if self.sync_gap < 1:

@@ -24,7 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dense.name": ("sgd", "momentum", "adam", "adamw", "adagrad"),
     "embed.pooling": ("sum", "mean"), "embed.store": ("fixed", "lru"),
     "runtime.placement": ("mod", "binpack"), "runtime.backend": ("threads", "virtual", "ray"),
-    "shadowsync.sync": ("easgd", "ma", "bmuf", "none"),
+    "shadowsync.sync": A.SYNC_RULES,
     "shadowsync.return_model": ("first", "average"),
     "gba.mode": A.GBA_MODES, "gba.embedding_mean": ("touched", "buffer"),
     "gba.embedding_staleness": ("id", "token"), "gba.dense_mean": ("buffer", "kept"),

@@ -54,12 +54,12 @@ import psutil
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from recjax import configs  # noqa: E402
+from recjax import configs, registry  # noqa: E402
 from recjax.concurrency import ThreadGroup  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from recjax.data.synthetic import PRESETS  # noqa: E402
 
-ALGOS = ("async", "shadow", "fr", "gba", "persia")
+ALGOS = registry.names(kind=registry.HOST_ASYNC)
 # Measurement 2's slowdown. A straggler sleeps (F - 1) x its measured gradient computation
 # (`clock.Work.measured`), about 2.5 ms at B = 512 on the default model, against about 20 ms a
 # step spends in Ray calls: F = 50 makes about 90% of a step modelled time.

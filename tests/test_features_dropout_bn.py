@@ -174,7 +174,7 @@ def test_sync_batch_norm_is_per_shard_and_averaged():
 @pytest.mark.parametrize("algo", ["des", "async", "shadow", "gba", "persia"])
 def test_algorithms_without_a_training_forward_refuse(algo):
     cfg = apply_overrides(Config(), [("train.algo", algo), ("model.dropout", "0.1")])
-    with pytest.raises(ValueError, match="model.dropout / model.batch_norm run with --algo single or sync"):
+    with pytest.raises(ValueError, match="model.dropout / model.batch_norm runs with --algo single or sync"):
         make_model(cfg, SPEC)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 
+from recjax import registry
 from recjax.config import Config
 from recjax.train import signals
 
@@ -18,7 +19,7 @@ from recjax.train import signals
 # calls the algorithm for the second interval on; None: the call is the run's first).
 SEGMENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("recjax_segment", default=None)
 
-HOST_ASYNC = ("async", "shadow", "fr", "gba", "persia")  # the algorithms that run on this engine
+HOST_ASYNC = registry.names(kind=registry.HOST_ASYNC)  # the algorithms that run on this engine
 
 
 class Abandoned(KeyboardInterrupt):

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from recjax import metrics
+from recjax import metrics, registry
 from recjax.checkpoint import Checkpointer
 from recjax.config import Config
 from recjax.data.pipeline import batches
@@ -55,7 +55,7 @@ RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume",
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
 # single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
-HANDOVER_SECTIONS = ("spmd", "runtime", "shadowsync", "gba", "persia", "ray")
+HANDOVER_SECTIONS = registry.handover_sections()  # spmd, runtime, ray, shadowsync, gba, persia
 RESUMABLE_CHANGES |= {"train.algo", "train.devices", "train.deterministic"}
 
 

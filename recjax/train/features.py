@@ -19,7 +19,9 @@ only the single trainer and sync (`loss_and_grads_train`) run; every other algor
 them here instead of training in eval mode. The schedule and the L2 term live in the
 optimizers every algorithm builds from the config (`setup.make_dense_tx`,
 `make_sparse_optimizer`), so all of them honour those. Early stopping needs the shared trainer's
-in-loop evals (single, sync, des); per-table dims the single-device lookup.
+in-loop evals (single, sync, des); per-table dims the single-device lookup. Which algorithm
+honours which setting is a capability of its row in recjax/registry.py, and the refusals are
+that module's `RULES`.
 
 This module imports nothing heavy: recjax/config.py calls its checks from ``__post_init__``.
 """
@@ -28,13 +30,13 @@ from __future__ import annotations
 
 import re
 
+from recjax import registry
+
 SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")
 
 # monitor -> (key of `contract.evaluate`'s result, +1 if higher is better else -1)
 MONITORS = {"eval_auc": ("auc", 1), "eval_ne": ("ne", -1), "eval_logloss": ("logloss", -1)}
 
-TRAIN_MODE_ALGOS = ("single", "sync")  # run the training-mode forward (dropout, batch norm)
-EARLY_STOP_ALGOS = ("single", "sync", "des")  # the shared trainer with in-loop evals
 DIMS_MODELS = ("wide_deep", "dcn")  # read the embeddings through a deep tower only
 
 
@@ -108,15 +110,12 @@ def check_features(cfg) -> None:
     `setup.make_model`, which every algorithm goes through), and the checks across fields
     (here rather than in ``__post_init__``, where ``--a=x --b=y`` would be judged after ``a``
     alone)."""
-    algo, m, d = cfg.train.algo, cfg.model, cfg.dense
+    m, d = cfg.model, cfg.dense
     if d.lr_schedule != "constant" and d.decay_steps == 0:
         raise ValueError(f"dense.lr_schedule={d.lr_schedule} needs dense.decay_steps > 0 "
                          "(cosine/linear: length of the decay after the warm-up, e.g. the run's "
                          "steps; step/exponential: steps per factor dense.decay_rate)")
-    if (m.dropout or m.batch_norm) and algo not in TRAIN_MODE_ALGOS:
-        raise ValueError(f"model.dropout / model.batch_norm run with --algo "
-                         f"{' or '.join(TRAIN_MODE_ALGOS)}; --algo {algo} does not run the "
-                         "training-mode forward (it would train without them): drop the flags")
+    registry.check(cfg)  # the settings the algorithm cannot honour (dropout, early stop, ...)
     if (m.dropout or m.batch_norm) and m.name in ("lr", "fm"):
         raise ValueError(f"model.dropout / model.batch_norm act on MLP layers and model "
                          f"{m.name!r} has none; use wide_deep, deepfm, dlrm or dcn, or drop "
@@ -125,18 +124,10 @@ def check_features(cfg) -> None:
     if (tc.early_stop_patience or tc.keep_best) and not tc.eval_every:
         raise ValueError("train.early_stop_patience / train.keep_best compare the evals made every "
                          "train.eval_every steps; set train.eval_every > 0")
-    if (tc.early_stop_patience or tc.keep_best) and algo not in EARLY_STOP_ALGOS:
-        raise ValueError(f"train.early_stop_patience / train.keep_best run with --algo "
-                         f"{', '.join(EARLY_STOP_ALGOS)} (the shared trainer's in-loop evals); "
-                         f"not --algo {algo}")
-    if cfg.embed.dims:
-        if m.name not in DIMS_MODELS:
-            raise ValueError(f"embed.dims (per-table embedding dims) is for "
-                             f"{' and '.join(DIMS_MODELS)}: model {m.name!r} "
-                             + ("has no embeddings but the dim-1 wide weights" if m.name == "lr"
-                                else "takes dot products between fields' embeddings, which "
-                                "need one width (model.embed_dim)")
-                             + "; drop embed.dims")
-        if algo != "single":
-            raise ValueError(f"embed.dims runs with --algo single; the sharded lookups of "
-                             f"--algo {algo} assume one width per group: drop embed.dims")
+    if cfg.embed.dims and m.name not in DIMS_MODELS:
+        raise ValueError(f"embed.dims (per-table embedding dims) is for "
+                         f"{' and '.join(DIMS_MODELS)}: model {m.name!r} "
+                         + ("has no embeddings but the dim-1 wide weights" if m.name == "lr"
+                            else "takes dot products between fields' embeddings, which "
+                            "need one width (model.embed_dim)")
+                         + "; drop embed.dims")

@@ -1,0 +1,78 @@
+"""The algorithm registry (recjax/registry.py): every list of algorithms comes from it, and a
+setting an algorithm cannot honour is refused, naming the ones that can.
+
+The expected capabilities below are written by hand from the algorithms' docs (README's
+feature table, DESIGN.md section 4), not read from the registry, so a wrong row fails here.
+"""
+
+import dataclasses
+
+import pytest
+
+import algorithms
+from algorithms.runtime.segments import HOST_ASYNC
+from recjax import config_help, registry
+from recjax.config import ALGOS, Config
+from recjax.train import contract
+from tests.runtime_util import small_cfg
+
+ALL = ("single", "sync", "des", "async", "shadow", "fr", "gba", "persia")
+ASYNC = ("async", "shadow", "fr", "gba", "persia")
+# setting -> (config change, the algorithms that honour it)
+HONOURED = {
+    "dropout": (lambda c: _set(c, "model", dropout=0.1), ("single", "sync")),
+    "batch_norm": (lambda c: _set(c, "model", batch_norm=True), ("single", "sync")),
+    "early_stop": (lambda c: _set(c, "train", early_stop_patience=2, eval_every=4),
+                   ("single", "sync", "des")),
+    "keep_best": (lambda c: _set(c, "train", keep_best=True, eval_every=4),
+                  ("single", "sync", "des")),
+    "lru": (lambda c: _set(c, "embed", store="lru"), ASYNC),
+    "ray": (lambda c: _set(c, "runtime", backend="ray"), ASYNC),
+    "virtual": (lambda c: _set(c, "runtime", backend="virtual"), ASYNC),
+    "dims": (lambda c: _set(c, "embed", dims="C1:4"), ("single",)),
+}
+
+
+def _set(cfg, section, **kw):
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **kw)})
+
+
+def test_every_list_of_algorithms_is_the_registry():
+    assert registry.NAMES == ALL == ALGOS
+    assert config_help.CHOICES["train.algo"] == ALL
+    assert HOST_ASYNC == ASYNC == registry.names(kind=registry.HOST_ASYNC)
+    assert set(algorithms.RUNNERS) == set(ALL)
+    assert set(contract.HANDOVER_SECTIONS) == {"spmd", "runtime", "ray", "shadowsync", "gba",
+                                               "persia"}
+    fields = {f.name for f in dataclasses.fields(Config)}
+    assert all(s in fields for a in registry.ALGORITHMS for s in a.sections)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_each_row_runs_a_function(name):
+    assert callable(algorithms.runner(name))
+
+
+@pytest.mark.parametrize("setting", list(HONOURED))
+@pytest.mark.parametrize("algo", ALL)
+def test_a_setting_is_refused_by_the_algorithms_that_cannot_honour_it(algo, setting):
+    change, able = HONOURED[setting]
+    cfg = change(small_cfg(algo, steps=2))
+    if algo in able:
+        registry.check(cfg)
+        return
+    with pytest.raises(ValueError) as e:
+        registry.check(cfg)
+    msg = str(e.value)
+    assert f"--algo {algo} " in msg and ("runs with --algo " + _either(able)) in msg, msg
+    with pytest.raises(ValueError, match=f"--algo {algo} "):  # before anything is built
+        algorithms.run(cfg)
+
+
+def _either(xs):
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " or " + xs[-1]
+
+
+def test_help_names_every_algorithm():
+    line = registry.help_line()
+    assert all(f"{n}: " in line for n in ALL)
