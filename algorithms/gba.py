@@ -47,6 +47,7 @@ import dataclasses
 import functools
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -66,6 +67,42 @@ from algorithms.runtime.ps import Rows
 from recjax.config import Config
 from recjax.train.setup import make_dense_tx
 from recjax.train.step import apply_dense
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeRule:
+    """What a ``--gba.mode`` waits for, when it aggregates and what it drops (one row of `MODES`;
+    `GbaServer` reads the row, never the mode's name).
+
+    Attributes:
+      aggregate: gradients per update from ``(M, N, gba config)``.
+      gate: when a worker may take its next batch: ``free``; ``per_step``, one gradient per
+        worker per global step (it waits for k to pass the version it pulled); ``bounded``, at
+        most ``b1`` batches ahead of the slowest active worker.
+      waits_for_all: the aggregate counts the N workers, so a lost worker lowers it.
+      current_only: only gradients computed at the current k count towards an update, and a
+        gradient of an earlier k arrives too late and is dropped (backup workers).
+      eq1: GBA's own rules: Eq. 1's token drop (``iota``) and the options
+        ``dense_mean=kept`` and ``embedding_staleness=id``.
+    """
+
+    aggregate: Callable[[int, int, Any], int]
+    gate: str = "free"
+    waits_for_all: bool = False
+    current_only: bool = False
+    eq1: bool = False
+
+
+# Sec. 5.1's baselines on GBA's PS (module docstring); the keys are config_async.GBA_MODES.
+MODES: dict[str, ModeRule] = {
+    "gba": ModeRule(lambda m, n, gc: m, eq1=True),
+    "sync": ModeRule(lambda m, n, gc: n, gate="per_step", waits_for_all=True),
+    "async": ModeRule(lambda m, n, gc: 1),
+    "hop_bs": ModeRule(lambda m, n, gc: n, gate="bounded", waits_for_all=True),
+    "bsp": ModeRule(lambda m, n, gc: gc.b2 or n),
+    "hop_bw": ModeRule(lambda m, n, gc: n - gc.b3, gate="per_step", waits_for_all=True,
+                       current_only=True),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,9 +142,8 @@ def plan(cfg: Config) -> Plan:
         raise ValueError(f"gba: M x B_a = {m} x {b_a} = {m * b_a} differs from train.batch_size="
                          f"{g}; the global batch must stay the sync run's (Sec. 4.1)")
     n = gc.workers or m
-    agg = {"gba": m, "sync": n, "hop_bs": n, "async": 1, "bsp": gc.b2 or n,
-           "hop_bw": n - gc.b3}[gc.mode]
-    if gc.mode == "hop_bw" and agg < 1:
+    agg = MODES[gc.mode].aggregate(m, n, gc)
+    if agg < 1:  # hop_bw's backup workers are the only way there
         raise ValueError(f"gba.b3={gc.b3} backup workers leave no gradient of {n} workers to "
                          "aggregate; use b3 < gba.workers")
     return Plan(gc.mode, n, b_a, m, agg)
@@ -177,6 +213,8 @@ class GbaServer:
 
     def __init__(self, rt: Runtime, p: Plan, params: Any, opt_state: Any):
         self.rt, self.p, self.gc = rt, p, rt.cfg.gba
+        self.rule = rule = MODES[p.mode]
+        self.per_id = rule.eq1 and self.gc.embedding_staleness == "id"  # App. B's row drop
         self.params, self.opt_state = params, opt_state
         self.version = rt.start_step  # k: updates applied, counted on from the checkpoint
         self.signal = Signal("gba-ps")
@@ -197,13 +235,13 @@ class GbaServer:
 
     # -- the workers' side ------------------------------------------------------------------
     def may_start(self, wid: int) -> bool:
-        """Whether worker `wid` may take its next batch (the gates of sync, hop_bw, hop_bs)."""
+        """Whether worker `wid` may take its next batch (the mode's `ModeRule.gate`)."""
         if self.exhausted:
             return True
-        mode = self.p.mode
-        if mode in ("sync", "hop_bw"):  # one gradient per worker per global step
+        gate = self.rule.gate
+        if gate == "per_step":  # one gradient per worker per global step
             return self.version > self.pulled[wid]
-        if mode == "hop_bs":  # at most b1 batches ahead of the slowest active worker
+        if gate == "bounded":  # at most b1 batches ahead of the slowest active worker
             return self.pushed[wid] - min((self.pushed[v] for v in self.active),
                                           default=self.pushed[wid]) <= self.gc.b1
         return True
@@ -228,7 +266,7 @@ class GbaServer:
         with self._lock:
             self.active.discard(wid)
             self.lost.append(wid)
-            if self.p.mode in ("sync", "hop_bs", "hop_bw") and self.aggregate > 1:
+            if self.rule.waits_for_all and self.aggregate > 1:
                 self.aggregate -= 1
                 if self.buffer and self._ready():  # the others may all be waiting for it
                     self._apply(self.buffer)
@@ -239,7 +277,7 @@ class GbaServer:
         """Buffer `g`; apply an update when the mode's rule says so (Alg. 2, push threads)."""
         with self._lock:
             self.pushed[g.wid] += 1
-            if self.p.mode == "hop_bw" and g.version < self.version:  # its round closed: a backup
+            if self.rule.current_only and g.version < self.version:  # round closed: a backup
                 self.stats.dropped += 1
                 self.accounted += 1
             else:
@@ -250,8 +288,8 @@ class GbaServer:
         self.signal.notify()
 
     def _ready(self) -> bool:
-        """Whether the buffer makes an update (hop_bw: of gradients at the current k)."""
-        if self.p.mode == "hop_bw":
+        """Whether the buffer makes an update (`ModeRule.current_only`: of gradients at k)."""
+        if self.rule.current_only:
             return sum(x.version == self.version for x in self.buffer) >= self.aggregate
         return len(self.buffer) >= self.aggregate
 
@@ -275,7 +313,7 @@ class GbaServer:
         """One update from `entries` (Eq. 1 and Alg. 2 l. 17-23); k += 1."""
         rt, gc, k = self.rt, self.gc, self.version
         entries = sorted(entries, key=lambda e: e.index)  # summation order: deterministic
-        if self.p.mode == "gba":
+        if self.rule.eq1:
             keep = [k - e.token <= gc.iota for e in entries]  # Eq. 1: f = 0 when k - t > iota
         else:
             keep = [True] * len(entries)
@@ -286,7 +324,7 @@ class GbaServer:
         for e in kept:
             self.stats.dense_staleness[k - e.version] += 1
         if kept:
-            denom = len(entries) if (self.p.mode != "gba" or gc.dense_mean == "buffer") else len(kept)
+            denom = len(kept) if (self.rule.eq1 and gc.dense_mean == "kept") else len(entries)
             total = kept[0].dense
             for e in kept[1:]:
                 total = _tree_add(total, e.dense)
@@ -299,7 +337,7 @@ class GbaServer:
     def _apply_rows(self, kept: list[Grad], n_entries: int) -> None:
         """Per table: drop stale rows, average each id over the gradients that touched it."""
         rt, gc, k = self.rt, self.gc, self.version
-        if len(kept) == 1 and not (self.p.mode == "gba" and gc.embedding_staleness == "id"):
+        if len(kept) == 1 and not self.per_id:
             # one gradient (async, or a buffer of one): its rows are unique already and each
             # was touched once, so the mean is the sum; push it as it came
             e = kept[0]
@@ -325,7 +363,7 @@ class GbaServer:
             tag = self.tag.get(t.name, ids)
             stale = np.maximum(tag - pulled, 0)
             ok = np.ones(ids.size, bool)
-            if self.p.mode == "gba" and gc.embedding_staleness == "id":
+            if self.per_id:
                 ok = tag - token <= gc.iota  # App. B: the row's last update, not k
                 self.stats.dropped_rows += int((~ok).sum())
             stale_all.append(stale[ok])

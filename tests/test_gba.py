@@ -293,3 +293,11 @@ def test_a_lost_worker_lowers_the_aggregate_of_the_modes_that_wait_for_all(mode,
         assert server.may_start(0)  # nobody waits for the lost worker
     finally:
         rt.close()
+
+
+def test_every_mode_is_a_row_of_the_rule_table():
+    from recjax.config_async import GBA_MODES
+
+    assert tuple(gba.MODES) == GBA_MODES
+    # GBA's own rules belong to gba alone; the others are Sec. 5.1's baselines
+    assert [m for m, r in gba.MODES.items() if r.eq1] == ["gba"]
