@@ -83,6 +83,28 @@ from recjax.train.step import apply_dense, loss_and_grads, step_metrics
 
 
 @dataclasses.dataclass(frozen=True)
+class ModeRule:
+    """One ``--persia.mode`` (a row of `MODES`; the roles read the row, never the name).
+
+    Attributes:
+      bounded: embeddings are looked up up to ``tau = persia.staleness`` batches ahead of their
+        updates; False forces ``tau = 0`` (lookup, dense step, update in sequence).
+      dense_ps: the dense gradients go to an asynchronous dense PS instead of the all-reduce.
+    """
+
+    bounded: bool = True
+    dense_ps: bool = False
+
+
+# Table 2's columns (module docstring); the keys are config_async.PERSIA_MODES.
+MODES: dict[str, ModeRule] = {
+    "hybrid": ModeRule(),
+    "sync": ModeRule(bounded=False),
+    "async": ModeRule(dense_ps=True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """The resolved sizes of a Persia run.
 
@@ -111,7 +133,7 @@ def plan(cfg: Config) -> Plan:
     if g % pc.nn_workers:
         raise ValueError(f"persia: train.batch_size={g} (the global batch) does not split into "
                          f"persia.nn_workers={pc.nn_workers} equal slices; use a multiple")
-    tau = 0 if pc.mode == "sync" else pc.staleness
+    tau = pc.staleness if MODES[pc.mode].bounded else 0
     return Plan(pc.mode, pc.nn_workers, pc.embedding_workers, g // pc.nn_workers, tau)
 
 
@@ -287,7 +309,8 @@ class Persia:
         self.ledger = Ledger()
         s0 = rt.init_state
         self.dense = DenseGroup(rt, p, s0.params, s0.opt_state)
-        self.dense_ps = DensePS(s0.params, s0.opt_state, rt.dense_apply) if p.mode == "async" else None
+        self.dense_ps = (DensePS(s0.params, s0.opt_state, rt.dense_apply)
+                         if MODES[p.mode].dense_ps else None)
         self.recovery = PsRecovery(rt)
         self.emb_stragglers = stragglers.parse(cfg.persia.embedding_stragglers,
                                                p.embedding_workers, cfg.train.seed + 1)
@@ -486,7 +509,7 @@ class Persia:
         steps = self.rt.total_steps - self.rt.start_step
         virtual = self.cfg.train.deterministic
         allreduce = (self.allreduce_seconds * steps if virtual
-                     else sum(self.allreduce_wall) / p.nn_workers) if p.mode != "async" else 0.0
+                     else sum(self.allreduce_wall) / p.nn_workers) if self.dense_ps is None else 0.0
         out = {
             "persia_mode": p.mode, "persia_nn_workers": p.nn_workers,
             "persia_embedding_workers": p.embedding_workers,

@@ -230,3 +230,9 @@ def test_a_local_fn_times_what_it_returns(monkeypatch):
     assert float(fn(x)) == 64.0 ** 3 and waited == []  # a plain call keeps async dispatch
     out, secs = fn.timed(x)
     assert waited == [out] and float(out) == 64.0 ** 3 and secs > 0
+
+
+def test_every_mode_is_a_row_of_the_rule_table():
+    from recjax.config_async import PERSIA_MODES
+
+    assert tuple(persia.MODES) == PERSIA_MODES
