@@ -1,10 +1,12 @@
 """Studies that reproduce a paper's claims with seeds and verdict rules, written to runs/.
 
     python scripts/compare.py shadowsync [--quick] [--seeds 0,1,2] [--out runs/compare_shadowsync]
-    python scripts/compare.py gba [--quick] [--out runs/compare_gba]      (scripts/compare_gba.py)
+    python scripts/compare.py gba [--quick] [--seeds 0,1] [--out runs/compare_gba]  (scripts/studies/gba.py)
     python scripts/compare.py persia [--quick] [--out runs/compare_persia] (scripts/compare_persia.py)
 
-Each study writes its results (JSON, markdown, figures) to ``--out``; a tracked doc under docs/
+A study with a declarative file in scripts/studies/ runs through the study kit (recjax/study:
+arms x seeds from shared checkpoints, paired intervals, verdicts; run again, it skips what it
+finished). Each study writes its results (JSON, markdown, figures) to ``--out``; a tracked doc under docs/
 is written only when asked (``--doc`` / ``--write-docs``). Data paths come from ``--data`` or
 $RECJAX_DATA (default ../shared/data next to the checkout). ``shadowsync`` (Zheng et al.,
 arXiv 2003.03477) is scripts/compare_shadowsync.py; its verdict rules are
@@ -27,9 +29,13 @@ def main(argv=None) -> int:
         print(__doc__, file=sys.stderr)
         print(f"compare.py: first argument must be one of {', '.join(STUDIES)}", file=sys.stderr)
         return 2
-    if argv[0] == "gba":
-        from scripts import compare_gba as study
-    elif argv[0] == "persia":
+    path = pathlib.Path(__file__).resolve().parent / "studies" / f"{argv[0]}.py"
+    if path.exists():  # a declarative study file, run by the study kit (recjax/study)
+        import algorithms
+        from recjax import study
+
+        return study.main(study.load(str(path)), argv[1:], algorithms.run)
+    if argv[0] == "persia":
         from scripts import compare_persia as study
     else:
         from scripts import compare_shadowsync as study

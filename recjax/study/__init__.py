@@ -1,0 +1,71 @@
+"""The study kit: a paper's claims as a declarative file (arms, sizes, claims), run as arms x
+seeds from shared checkpoints, scored by paired intervals (DESIGN.md section 6).
+
+    python scripts/compare.py gba --quick          # scripts/studies/gba.py through this kit
+
+* `spec`: `Study`, `Arm`, `Size`, `Claim` (what a study file declares);
+* `runner`: `run_study`, the segments with skip/resume;
+* `stats`: `paired`, `verdict` (held / did not hold / unresolved, with the MDE);
+* `report`: markdown tables, verdicts, figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import time
+
+from recjax.study.spec import Arm, Claim, Size, Study
+
+__all__ = ["Arm", "Claim", "Size", "Study", "load", "main"]
+
+
+def load(path: str) -> Study:
+    """The `Study` named ``STUDY`` in the study file at `path`."""
+    study = runpy.run_path(path).get("STUDY")
+    if not isinstance(study, Study):
+        raise ValueError(f"{path}: a study file defines STUDY = recjax.study.Study(...)")
+    return study
+
+
+def main(study: Study, argv: list[str], run) -> int:
+    """``compare.py NAME [--quick | --smoke] [--seeds 0,1] [--datasets a,b] [--out DIR]``.
+
+    Args:
+      run: ``algorithms.run`` (passed in: the library imports no algorithm).
+    """
+    from recjax.study import report, runner
+
+    p = argparse.ArgumentParser(prog=f"compare.py {study.name}", description=study.title)
+    p.add_argument("--quick", action="store_true", help="the quick size (< 3 minutes)")
+    p.add_argument("--smoke", action="store_true", help="seconds-long runs (tests)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the size's)")
+    p.add_argument("--datasets", help=f"comma-separated subset of {', '.join(study.datasets)}")
+    p.add_argument("--out", default=os.path.join("runs", f"compare_{study.name}"),
+                   help="output folder; a study run again there skips its finished segments")
+    p.add_argument("--data", help="folder the relative data paths are under (default "
+                   "$RECJAX_DATA, else ../shared/data next to the checkout)")
+    a = p.parse_args(argv)
+    if a.data:
+        os.environ["RECJAX_DATA"] = a.data
+    size = "smoke" if a.smoke else "quick" if a.quick else "full"
+    seeds = tuple(int(s) for s in a.seeds.split(",")) if a.seeds else None
+    t0 = time.perf_counter()
+    results = runner.run_study(study, size, a.out, run,
+                               a.datasets.split(",") if a.datasets else None, seeds,
+                               log=lambda s: print(s, flush=True))
+    secs = time.perf_counter() - t0
+    command = " ".join(["python scripts/compare.py", study.name, *argv])
+    base = os.path.join(a.out, f"{study.name}_study")
+    verdicts = {ds: report.verdicts(study, rows) for ds, rows in results.items()}
+    with open(base + ".json", "w") as f:
+        json.dump({"command": command, "seconds": secs, "size": size, "results": results,
+                   "verdicts": verdicts}, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(report.markdown(study, results, command, secs))
+    if results:
+        report.figure(study, results, base)
+    print(f"wrote {base}.{{json,md,svg,png}} ({secs:.0f} s)")
+    return 0

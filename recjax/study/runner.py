@@ -1,0 +1,183 @@
+"""Run a study (`recjax.study.spec`): per dataset and seed, the base run, every arm chunk by
+chunk, and the switches back; one record per segment, so a study that stops goes on where it
+stopped when run again.
+
+The algorithms are reached through the `run` function the entry point passes in
+(``algorithms.run``: the registry's checks, checkpoint segments, no Ray process left), since
+`recjax` imports no algorithm. Files under ``out``:
+
+* ``<dataset>/segments.jsonl``: one record per finished segment (seed, arm, phase, chunk, step,
+  the metric, the counters); a segment with a record is not run again;
+* ``work/<dataset>/seed<S>/<arm>``: the run directories (checkpoints, the last summary.json);
+  an arm starts as a copy of its seed's ``base`` (copied to a temporary name, then renamed), a
+  switch back as a copy of the arm at chunk ``back_at``.
+
+A segment cut short (Ctrl-C, a crash) is resumed from its directory's checkpoint; one whose
+checkpoint reached its step before its record was written is read back from its summary.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+from recjax import compile_cache, configs
+from recjax.config import Config, apply_overrides
+from recjax.data.sources import DataError, resolve_path
+from recjax.study.spec import Arm, Size, Study
+from recjax.train.contract import committed_steps
+
+RunFn = Callable[[Config], dict]
+
+
+def dataset_overrides(study: Study, dataset: str) -> dict | None:
+    """The dataset's overrides with its data path resolved, or None when the file is absent."""
+    over = dict(study.datasets[dataset])
+    spec = over.get("data.train", "")
+    kind, sep, path = spec.partition(":")
+    if sep and kind != "synthetic":
+        try:
+            over["data.train"] = f"{kind}:{resolve_path(path)}"
+        except DataError:
+            return None
+    return over
+
+
+def segment_config(study: Study, size: Size, data: dict, arm: Arm, seed: int, out: str,
+                   steps: int, resume: bool) -> Config:
+    """The config of one segment: the named config (the size's ``config``, else the dataset's,
+    else the study's), then the study's, the dataset's, the size's and the arm's settings, then
+    the segment's own (seed, steps, where, resume)."""
+    pairs = {**study.overrides, **data, **size.overrides, **arm.overrides,
+             "train.seed": seed, "train.steps": steps, "train.out": out, "train.resume": resume,
+             "train.progress": False}
+    name = pairs.pop("config", study.config)
+    return apply_overrides(configs.get(name),
+                           [(k, v if isinstance(v, str) else json.dumps(v).strip('"'))
+                            for k, v in pairs.items()])
+
+
+def _record(summary: dict, study: Study) -> dict:
+    row = {"step": summary["steps"], "resumed_from_step": summary.get("resumed_from_step"),
+           study.metric: summary[study.metric]}
+    for k in study.counters:
+        v = summary.get(k)
+        row[k] = v["histogram"] if isinstance(v, dict) and "histogram" in v else v
+    return row
+
+
+def _copy(src: str, dst: str) -> None:
+    """`src` to `dst` atomically (a temporary copy, then a rename)."""
+    tmp = dst + ".copying"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns(".lock"))
+    os.replace(tmp, dst)
+
+
+def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
+    """Run one segment, or read it back if its checkpoint already reached its step."""
+    out, steps = cfg.train.out, cfg.train.steps
+    done = committed_steps(os.path.join(out, "checkpoints"))
+    summary_path = os.path.join(out, "summary.json")
+    if done and done[-1] >= steps and os.path.exists(summary_path):
+        with open(summary_path) as f:
+            s = json.load(f)
+        if s.get("steps") == steps:
+            return _record(s, study)
+    return _record(run(cfg), study)
+
+
+def run_study(study: Study, size_name: str, out: str, run: RunFn,
+              datasets: list[str] | None = None, seeds: tuple[int, ...] | None = None,
+              log: Callable[[str], None] = print) -> dict:
+    """Run (or finish) `study` at size `size_name` into `out`.
+
+    Returns:
+      ``{dataset: [segment records]}`` of every dataset whose data is present.
+    """
+    size: Size = study.sizes[size_name]
+    seeds = tuple(seeds or size.seeds)
+    compile_cache.enable("auto")  # every segment rebuilds its jitted functions: loads, not compiles
+    ref = study.arm(study.reference)
+    results = {}
+    for ds in datasets or list(study.datasets):
+        data = dataset_overrides(study, ds)
+        if data is None:
+            log(f"{ds}: skipped, its data file {study.datasets[ds]['data.train']!r} is not under "
+                "$RECJAX_DATA (default ../shared/data)")
+            continue
+        segment = _Segments(study, size, ds, data, os.path.join(out, ds, "segments.jsonl"),
+                            run, log)
+        for seed in seeds:
+            work = os.path.join(out, "work", ds, f"seed{seed}")
+            base = os.path.join(work, "base")
+            segment(seed, ref.name, "base", 0, base, size.base, ref)
+            for arm in study.arms:
+                d = os.path.join(work, arm.name)
+                if not os.path.isdir(d):
+                    _copy(base, d)
+                for j in range(1, size.chunks + 1):
+                    segment(seed, arm.name, "forward", j, d, size.base + j * size.chunk, arm)
+                    back = os.path.join(work, arm.name + "-back")
+                    if j == size.back_at and arm is not ref and not os.path.isdir(back):
+                        at = size.base + j * size.chunk
+                        if committed_steps(os.path.join(d, "checkpoints"))[-1:] != [at]:
+                            raise RuntimeError(f"{d} is past step {at}, where {back} starts, "
+                                               f"and {back} is missing: delete {work} to rerun "
+                                               "this seed")
+                        _copy(d, back)
+            if size.back_at:
+                for arm in study.arms:
+                    if arm is ref:
+                        continue
+                    d = os.path.join(work, arm.name + "-back")
+                    for j in range(size.back_at + 1, size.chunks + 1):
+                        segment(seed, arm.name, "back", j, d, size.base + j * size.chunk, ref)
+        results[ds] = [r for r in segment.rows if r["seed"] in seeds]
+    return results
+
+
+class _Segments:
+    """The segments of one dataset: ``self(seed, arm, phase, chunk, dir, steps, settings)``
+    runs one unless its record exists, then appends its record."""
+
+    def __init__(self, study: Study, size: Size, ds: str, data: dict, path: str, run: RunFn,
+                 log: Callable[[str], None]):
+        self.study, self.size, self.ds, self.data, self.path = study, size, ds, data, path
+        self.run, self.log = run, log
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.rows = _load(path)
+        self.done = {(r["seed"], r["arm"], r["phase"], r["chunk"]) for r in self.rows}
+
+    def __call__(self, seed: int, arm: str, phase: str, chunk: int, d: str, steps: int,
+                 settings: Arm) -> None:
+        if (seed, arm, phase, chunk) in self.done:
+            return
+        t = time.perf_counter()
+        resume = bool(committed_steps(os.path.join(d, "checkpoints")))
+        cfg = segment_config(self.study, self.size, self.data, settings, seed, d, steps, resume)
+        row = {"seed": seed, "arm": arm, "phase": phase, "chunk": chunk,
+               **_run_segment(self.run, cfg, self.study),
+               "secs": round(time.perf_counter() - t, 3)}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.rows.append(row)
+        m = self.study.metric
+        self.log(f"  {self.ds} seed {seed} {arm:<8} {phase:<7} chunk {chunk}: step "
+                 f"{row['step']} {m} {row[m]:.4f} ({row['secs']:.1f}s)")
+
+
+def _load(path: str) -> list[dict]:
+    """The records of `path`; a last line cut by a kill is removed (its segment reruns)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        text = f.read()
+    if text and not text.endswith(b"\n"):
+        text = text[:text.rfind(b"\n") + 1]
+        with open(path, "wb") as f:
+            f.write(text)
+    return [json.loads(line) for line in text.decode().splitlines() if line.strip()]

@@ -1,0 +1,141 @@
+"""The study kit's runner and report (recjax/study) with a stand-in for `algorithms.run`: which
+segments run, in what order, with which settings, from which checkpoint; skip and resume; the
+claims' paired differences against a hand computation."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from recjax.study import Arm, Claim, Size, Study, load, report, runner
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STUDY = Study(
+    name="toy", title="toy", config="smoke", overrides={"train.batch_size": 64},
+    datasets={"synthetic": {}},
+    arms=(Arm("ref", {"train.algo": "single"}), Arm("a", {"train.algo": "async"}),
+          Arm("b", {"train.algo": "gba", "gba.mode": "bsp"})),
+    reference="ref",
+    sizes={"quick": Size(base=10, chunk=5, chunks=3, back_at=1, seeds=(0, 1, 2))},
+    claims=(Claim("a below ref", "a", "ref", "less", -0.01, "T1"),
+            Claim("b back within ref", "b", "ref", "within", 0.05, "T2", phase="back")),
+    counters=("updates",),
+)
+BONUS = {"single": 0.0, "async": -0.02, "gba": 0.01}  # per algo; the seed adds seed / 1000
+
+
+class FakeRun:
+    """Writes what a run writes (a committed checkpoint dir, summary.json); the metric is a
+    function of the algorithm, the steps and the seed, so every record can be predicted."""
+
+    def __init__(self, fail_at=None):
+        self.calls, self.fail_at = [], fail_at
+
+    def __call__(self, cfg):
+        tc = cfg.train
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            raise KeyboardInterrupt
+        ckpts = pathlib.Path(tc.out) / "checkpoints"
+        have = sorted(int(p.name) for p in ckpts.iterdir()) if ckpts.exists() else []
+        assert tc.resume == bool(have), (tc.out, tc.resume, have)
+        self.calls.append((tc.out, tc.algo, cfg.gba.mode, tc.steps, tc.seed, tc.resume,
+                           tc.batch_size, have[-1] if have else None))
+        (ckpts / str(tc.steps)).mkdir(parents=True)
+        s = {"steps": tc.steps, "resumed_from_step": have[-1] if have else None,
+             "eval_auc": 0.7 + BONUS[tc.algo] + tc.steps / 1e4 + tc.seed / 1e3, "updates": 2}
+        (pathlib.Path(tc.out) / "summary.json").write_text(json.dumps(s))
+        return s
+
+
+def test_segments_run_in_order_from_the_right_checkpoints(tmp_path):
+    run = FakeRun()
+    res = runner.run_study(STUDY, "quick", str(tmp_path), run, log=lambda s: None)["synthetic"]
+    # per seed: base 10; each arm 15, 20, 25 from a copy of base; a and b back at 20, 25
+    want = []
+    for seed in (0, 1, 2):
+        w = str(tmp_path / "work" / "synthetic" / f"seed{seed}")
+        want.append((f"{w}/base", "single", "gba", 10, seed, False, 64, None))
+        for name, algo, mode in (("ref", "single", "gba"), ("a", "async", "gba"),
+                                 ("b", "gba", "bsp")):
+            for j, steps in enumerate((15, 20, 25)):
+                want.append((f"{w}/{name}", algo, mode, steps, seed, True, 64, 10 + 5 * j))
+        for name in ("a", "b"):
+            for steps in (20, 25):  # the back copy starts at chunk 1's step 15, under ref
+                want.append((f"{w}/{name}-back", "single", "gba", steps, seed, True, 64,
+                             steps - 5))
+    assert run.calls == want
+    assert len(res) == 3 * (1 + 3 * 3 + 2 * 2)
+    # the claims' per-seed differences, by hand: a - ref = -0.02 on every chunk and seed
+    c_a, c_b = STUDY.claims
+    assert report.claim_diffs(STUDY, res, c_a) == pytest.approx([-0.02] * 3)
+    # b's back chunks run single again: b-back - ref(forward) = 0
+    assert report.claim_diffs(STUDY, res, c_b) == pytest.approx([0.0] * 3, abs=1e-12)
+    v = {x["claim"]: x["verdict"] for x in report.verdicts(STUDY, res)}
+    # zero spread: the interval is the mean alone (held), the equivalence exact (held)
+    assert v == {"a below ref": "held", "b back within ref": "held"}
+    text = report.markdown(STUDY, {"synthetic": res}, "cmd", 1.0)
+    # a: 0.7 - 0.02 + steps / 1e4 + mean seed / 1e3 at steps 15, 20, 25
+    assert "| a | 0.6825 | 0.6830 | 0.6835 | -0.0200 |" in text
+    assert "| a | 6 |" in text  # updates: 2 per chunk x 3 chunks, mean over seeds
+
+
+def test_a_study_run_again_skips_what_it_finished_and_resumes_a_cut_one(tmp_path):
+    once = runner.run_study(STUDY, "quick", str(tmp_path / "once"), FakeRun(), log=lambda s: None)
+    cut = FakeRun(fail_at=17)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_study(STUDY, "quick", str(tmp_path / "cut"), cut, log=lambda s: None)
+    # a kill can leave a half-written last record: it is dropped and its segment reruns
+    path = tmp_path / "cut" / "synthetic" / "segments.jsonl"
+    path.write_text(path.read_text() + '{"seed": 1, "arm"')
+    again = FakeRun()
+    got = runner.run_study(STUDY, "quick", str(tmp_path / "cut"), again, log=lambda s: None)
+    assert len(cut.calls) + len(again.calls) == 3 * 14  # nothing ran twice
+    strip = lambda rows: sorted((r["seed"], r["arm"], r["phase"], r["chunk"], r["eval_auc"])
+                                for r in rows)
+    assert strip(got["synthetic"]) == strip(once["synthetic"])
+    assert runner.run_study(STUDY, "quick", str(tmp_path / "cut"), FakeRun(), log=lambda s: None)
+
+
+def test_a_segment_whose_checkpoint_finished_is_read_back(tmp_path):
+    """Killed after the segment's checkpoint and summary, before its record: not rerun."""
+    run = FakeRun()
+    runner.run_study(STUDY, "quick", str(tmp_path), run, log=lambda s: None)
+    path = tmp_path / "synthetic" / "segments.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n")  # the last record (seed 2, b back, 25) lost
+    again = FakeRun()
+    res = runner.run_study(STUDY, "quick", str(tmp_path), again, log=lambda s: None)
+    assert again.calls == [] and len(res["synthetic"]) == len(lines)
+
+
+def test_the_gba_study_file_names_the_papers_effects():
+    study = load(str(ROOT / "scripts" / "studies" / "gba.py"))
+    effects = {(c.arm, c.phase): c.effect for c in study.claims if c.kind == "less"}
+    # App. Tables 6.4 / 6.8, row "Average" (baseline - GBA)
+    assert effects[("bsp", "forward")] == -0.0034 and effects[("hop_bs", "back")] == -0.0009
+    assert {a.name for a in study.arms} == {"single", "gba", "sync", "async", "hop_bs", "bsp",
+                                            "hop_bw"}
+
+
+@pytest.mark.slow  # ~35 s: the real algorithms at the smoke size, in a subprocess
+def test_the_gba_study_at_smoke_size_hands_over_every_global_step(tmp_path):
+    subprocess.run([sys.executable, "scripts/compare.py", "gba", "--smoke", "--datasets",
+                    "synthetic", "--out", str(tmp_path)], check=True, capture_output=True,
+                   cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    got = json.loads((tmp_path / "gba_study.json").read_text())
+    rows = got["results"]["synthetic"]
+    fw = [r for r in rows if r["phase"] == "forward"]
+    assert {r["arm"] for r in fw} == {"single", "gba", "sync", "async", "hop_bs", "bsp", "hop_bw"}
+    for r in fw:  # base 3, chunks of 2: each segment goes on from the last one's step
+        assert r["step"] == 3 + 2 * r["chunk"] and r["resumed_from_step"] == r["step"] - 2
+    for r in fw:
+        if r["arm"] not in ("single", "hop_bw"):  # every data-list entry (M = 4) applied
+            assert r["gradients_applied"] + r["dropped_gradients"] == 4 * 2
+    back = [r for r in rows if r["phase"] == "back"]
+    assert len(back) == 6 and all(r["resumed_from_step"] == 5 for r in back)
+    text = (tmp_path / "gba_study.md").read_text()
+    assert "### Claims" in text and "| gba |" in text
+    assert (tmp_path / "gba_study.svg").exists() and (tmp_path / "gba_study.png").exists()
