@@ -69,3 +69,23 @@ def test_interrupted_first_pass_leaves_no_cache(tmp_path):
     next(it)
     it.close()  # the consumer stops early (e.g. --steps reached mid-epoch)
     assert not src.is_cached and os.listdir(tmp_path / "c") == []
+
+
+def test_the_key_does_not_depend_on_the_process_hash_seed(tmp_path):
+    """Issue 40 item 8: the key hashed its reader files in a set's order, which follows
+    PYTHONHASHSEED: 8 processes gave 5 keys for one file (re-parses, duplicate caches)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    data = tmp_path / "t.tsv"
+    _write(data, LINES)
+    code = ("import sys; from recjax.data.diskcache import cache_key; "
+            "from recjax.data.sources import open_source; "
+            "print(cache_key(open_source('criteo:' + sys.argv[1]), {'a': 1}))")
+    keys = {subprocess.run([sys.executable, "-c", code, str(data)], cwd=ROOT, check=True,
+                           capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
+            for seed in range(6)}
+    assert len(keys) == 1, keys

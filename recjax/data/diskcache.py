@@ -35,7 +35,9 @@ def cache_key(source: DataSource, options: dict) -> str:
     st = os.stat(path)
     # The reader's code is part of the key: a changed parser or hash never replays old arrays.
     code = hashlib.sha256()
-    for mod in {inspect.getsourcefile(type(source)), readers.__file__, hashing.__file__}:
+    # sorted: a set's order follows PYTHONHASHSEED, and so did the key (8 processes, 5 keys)
+    for mod in sorted({inspect.getsourcefile(type(source)), readers.__file__, hashing.__file__}
+                      - {None}):
         if mod:
             with open(mod, "rb") as f:
                 code.update(f.read())
