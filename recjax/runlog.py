@@ -41,9 +41,9 @@ def drop_records_after(path: str, step: int) -> None:
     are kept; a line cut short by a kill is dropped. The file is rewritten through a temp file
     and a rename, so a crash meanwhile leaves either the old or the new file.
     """
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return
-    with open(path) as f:
+    with open_run_file(path, "r") as f:
         lines = f.read().splitlines()
     kept = []
     for line in lines:
@@ -100,6 +100,30 @@ def flat_scalars(d: dict, prefix: str = "") -> dict:
     return out
 
 
+_MODES = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+          "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
+          "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}
+
+
+def open_run_file(path: str, mode: str):
+    """`open(path, mode)` of a file in a run directory without following a symbolic link: a
+    link planted at ``OUT/.lock`` or ``OUT/metrics.jsonl`` made a run truncate or append to the
+    file it points to (issue 40 item 5).
+
+    Raises:
+      ValueError: `path` is a symbolic link (naming it and what to do).
+    """
+    try:
+        fd = os.open(path, _MODES[mode] | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as e:
+        if os.path.islink(path):
+            raise ValueError(f"{path} is a symbolic link; a run writes its files only as plain "
+                             f"files (it would write to {os.path.realpath(path)}): remove the "
+                             "link, or use another --out") from None
+        raise e
+    return os.fdopen(fd, mode)
+
+
 class MetricsWriter:
     """Appends one JSON object per record to ``out/metrics.jsonl``; mirrors scalars to TensorBoard.
 
@@ -111,7 +135,7 @@ class MetricsWriter:
         self._tb = None
         if out:
             os.makedirs(out, exist_ok=True)
-            self._f = open(os.path.join(out, "metrics.jsonl"), "a" if append else "w")  # noqa: SIM115 (lives with the writer)
+            self._f = open_run_file(os.path.join(out, "metrics.jsonl"), "a" if append else "w")
             if tensorboard:
                 from tensorboardX import SummaryWriter  # optional dependency, only when asked
 

@@ -102,3 +102,17 @@ def test_two_runs_cannot_share_an_out(tmp_path):
     s = loop.run(small_cfg("single", steps=2, train={"out": str(tmp_path)}))  # free again
     assert s["steps"] == 2
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize("name", [".lock", "metrics.jsonl"])
+def test_a_run_never_writes_through_a_planted_symlink(tmp_path, name):
+    """Issue 40 item 5: ``ln -s FILE OUT/.lock`` (or metrics.jsonl) made a run truncate FILE."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).symlink_to(victim)
+    cfg = small_cfg("single", steps=2, train={"out": str(out)})
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        loop.run(cfg)
+    assert victim.read_text() == "precious\n"

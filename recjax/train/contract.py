@@ -34,7 +34,7 @@ from recjax.config import Config
 from recjax.data.pipeline import batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.metrics.logloss import sigmoid
-from recjax.runlog import drop_records_after, write_json_atomic
+from recjax.runlog import drop_records_after, open_run_file, write_json_atomic
 from recjax.train.data import RunData
 from recjax.train.setup import count_params
 from recjax.train.step import StepMetrics, TrainState
@@ -261,7 +261,7 @@ def lock_out(out: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotADirectoryError(f"Not a directory: --out {path} is a file; give a directory")
     os.makedirs(path, exist_ok=True)
-    f = open(os.path.join(path, ".lock"), "a+")  # noqa: SIM115 (held for the process's life)
+    f = open_run_file(os.path.join(path, ".lock"), "a+")  # held for the process's life
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -303,7 +303,7 @@ def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict,
 def write_predictions(path: str, preds: np.ndarray) -> None:
     """predictions.csv: `label,prob` rows in eval input order, written to a temp file then renamed."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open_run_file(tmp, "w") as f:
         f.write("label,prob\n")
         np.savetxt(f, preds, fmt=["%d", "%.7g"], delimiter=",")
     os.replace(tmp, path)
