@@ -116,3 +116,23 @@ def test_a_run_never_writes_through_a_planted_symlink(tmp_path, name):
     with pytest.raises(ValueError, match="is a symbolic link"):
         loop.run(cfg)
     assert victim.read_text() == "precious\n"
+
+
+def test_no_checkpoint_holds_a_non_finite_optimizer_slot(tmp_path):
+    """Issue 40 item 9: with a finite loss, the Adagrad slots overflowed (lr 1e8) and step 2
+    was checkpointed with inf in them, then named the last good checkpoint."""
+    cfg = small_cfg("single", steps=40, dense=("sgd", 1e6), sparse=("adagrad", 1e8),
+                    train={"out": str(tmp_path), "ckpt_every": 2, "log_every": 20})
+    with pytest.raises(contract.DivergedError, match=r"NaN or infinite values in .*slots"):
+        loop.run(cfg)
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    for step in ck._mngr.all_steps():
+        state, _ = ck.restore(_like(cfg), step)
+        assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state))
+    ck.close()
+
+
+def test_non_finite_leaves_names_the_paths():
+    state = {"a": np.ones(3, np.float32), "b": {"c": np.array([1.0, np.inf], np.float32)},
+             "n": np.array([2**40], np.int64), "d": np.array([np.nan])}
+    assert contract.non_finite_leaves(state) == ["['b']['c']", "['d']"]

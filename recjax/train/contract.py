@@ -277,11 +277,37 @@ def lock_out(out: str) -> None:
     _LOCKS[path] = f
 
 
+def non_finite_leaves(state: Any) -> list[str]:
+    """The paths of the floating leaves of `state` that hold a NaN or an infinity."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        x = np.asarray(leaf)
+        if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+            bad.append(jax.tree_util.keystr(path))
+    return bad
+
+
 def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
          wall_now: float, **meta: Any) -> None:
-    """Checkpoint `state` at its step with the config and the run's progress."""
-    ckpt.save(int(state.step), state, {"config": cfg.to_dict(),
-                                       "progress": progress.as_dict(wall_now), **meta})
+    """Checkpoint `state` at its step with the config and the run's progress.
+
+    Raises:
+      DivergedError: a leaf of the state (parameters, optimizer slots, tables) is NaN or
+        infinite: nothing non-finite is checkpointed (the loss can stay finite while an
+        optimizer slot overflows).
+    """
+    step = int(state.step)
+    if bad := non_finite_leaves(state):
+        last = ckpt.latest_step()
+        raise DivergedError(
+            f"the train state at step {step} holds NaN or infinite values in "
+            f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}; the run stops without "
+            "saving it. "
+            + (f"The last good checkpoint is step {last} in {ckpt.directory}. " if last is not None
+               else "No checkpoint was written before it. ")
+            + "Lower the learning rates (--dense.lr, --sparse.lr) or add --dense.clip_norm")
+    ckpt.save(step, state, {"config": cfg.to_dict(), "progress": progress.as_dict(wall_now),
+                            **meta})
 
 
 def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:
