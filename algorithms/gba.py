@@ -330,12 +330,23 @@ class GbaServer:
                 total = _tree_add(total, e.dense)
             mean = total if denom == 1 else _tree_scale(total, 1.0 / denom)
             self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state, mean)
-            self._apply_rows(kept, len(entries))
+        # App. B Alg. 2 l. 20-21: the dense part is judged by k - token (Eq. 1), each embedding
+        # row by its id's tag - token, separately: under the per-id rule the rows of a gradient
+        # whose dense part Eq. 1 dropped are judged too (a scarce id's fresh row survives).
+        rows_from = entries if self.per_id else kept
+        if rows_from:
+            self._apply_rows(rows_from, len(entries))
         self.stats.updates += 1
         self.version += 1
 
     def _apply_rows(self, kept: list[Grad], n_entries: int) -> None:
-        """Per table: drop stale rows, average each id over the gradients that touched it."""
+        """Per table: drop stale rows, average each id over the gradients that touched it.
+
+        Args:
+          kept: the gradients whose rows are judged (under the per-id rule every gradient of
+            the update, else those Eq. 1 kept).
+          n_entries: the gradients of the update (``embedding_mean=buffer`` divides by it).
+        """
         rt, gc, k = self.rt, self.gc, self.version
         if len(kept) == 1 and not self.per_id:
             # one gradient (async, or a buffer of one): its rows are unique already and each

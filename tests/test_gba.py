@@ -301,3 +301,54 @@ def test_every_mode_is_a_row_of_the_rule_table():
     assert tuple(gba.MODES) == GBA_MODES
     # GBA's own rules belong to gba alone; the others are Sec. 5.1's baselines
     assert [m for m, r in gba.MODES.items() if r.eq1] == ["gba"]
+
+
+def _update_of(staleness, tagged_at=4):
+    """One update at k = 5, iota = 1, of 4 gradients of one batch scaled 1, 2, 3, 4 with tokens
+    5, 5, 5, 2 (the last one's dense part is Eq. 1-stale: 5 - 2 > 1); the first half of each
+    table's ids last updated at step `tagged_at`. Returns (row deltas, ids, half, stats)."""
+    from algorithms.runtime import Runtime
+
+    cfg = cfg_gba("gba", steps=1, iota=1, embedding_staleness=staleness)
+    p = gba.plan(cfg)
+    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
+    try:
+        server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
+        local, rows = rt.warm_batch
+        _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+        half = {name: n // 2 for name, (_, n) in rows.items()}
+        for name, (ids, _) in rows.items():
+            server.tag.set(name, ids[:half[name]], tagged_at)
+        before = rt.ps.snapshot()[0]
+        server.version = 5
+        server._apply([gba.Grad(i, i, t, 4, g, rows, {k: np.asarray(v) * np.float32(i + 1)
+                                                       for k, v in sums.items()})
+                       for i, t in enumerate((5, 5, 5, 2))])
+        after = rt.ps.snapshot()[0]
+        deltas = {k: np.asarray(after[k]) - np.asarray(before[k]) for k in after}
+        return deltas, rows, half, server.stats
+    finally:
+        rt.close()
+
+
+def test_the_per_id_rule_judges_rows_apart_from_the_dense_part():
+    """Issue 35's bug (App. B Alg. 2 l. 20-21): the dense part of the 4th gradient is dropped
+    by Eq. 1 (k - t = 3 > iota = 1), but its rows are judged by their id's tag: the ids never
+    updated (tag -1: -1 - 2 <= 1) keep its rows, so their per-id mean is over all four,
+    (1 + 2 + 3 + 4) / 4 = 2.5 x the gradient; the ids updated at step 4 (4 - 2 > 1) drop
+    them, (1 + 2 + 3) / 3 = 2 x. The token rule drops the 4th gradient whole: 2 x everywhere.
+    Plain SGD on the rows, so a row's change is -lr x its mean gradient."""
+    by_id, rows, half, s_id = _update_of("id")
+    by_token, _, _, s_tok = _update_of("token")
+    assert s_id.dropped == s_tok.dropped == 1  # the dense part: Eq. 1 in both
+    assert s_tok.dropped_rows == 0 and s_id.dropped_rows == sum(half.values())
+    for name, (ids, n) in rows.items():
+        a, b = by_id[name], by_token[name]
+        fresh, stale = ids[half[name]:n], ids[:half[name]]
+        # a delta is a difference of float32 table values of up to ~0.1: it carries their
+        # rounding (ulp 7e-9), so the absolute tolerance is a few of those
+        np.testing.assert_allclose(a[stale], b[stale], rtol=1e-5, atol=3e-8)
+        np.testing.assert_allclose(a[fresh], 2.5 / 2 * b[fresh], rtol=1e-5, atol=3e-8)
+        # the rules differ by a quarter of a fresh row's change: far above that tolerance
+        assert np.abs(a[fresh] - b[fresh]).max() > 100 * 3e-8
+        assert np.abs(b[fresh]).max() > 0
