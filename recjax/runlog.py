@@ -33,6 +33,25 @@ def write_json_atomic(path: str, obj: Any) -> None:
     _replace(path, write)
 
 
+def read_summary(path: str) -> tuple[dict | None, str]:
+    """``(summary, "")`` of a run's summary.json, or ``(None, why not)``: absent, not JSON (cut
+    short, empty), not an object, or without the fields every summary has (``steps``, a
+    ``config`` object). Sweeps and tables read summaries through this, so a damaged one is
+    counted and named, never taken for a finished run."""
+    if not os.path.isfile(path):
+        return None, "no summary.json (unfinished or not a run)"
+    try:
+        with open(path) as f:
+            s = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        return None, f"summary.json is not valid JSON ({str(e).splitlines()[0]}): cut short?"
+    if not isinstance(s, dict):
+        return None, f"summary.json holds a {type(s).__name__}, not a run's summary object"
+    if not isinstance(s.get("steps"), int) or not isinstance(s.get("config", {}), dict):
+        return None, "summary.json lacks a run's fields (an integer 'steps', a 'config' object)"
+    return s, ""
+
+
 def drop_records_after(path: str, step: int) -> None:
     """Remove the records of steps after `step` from the JSON-lines file `path` (if any).
 

@@ -3,7 +3,8 @@
 One row per run directory holding a summary.json: the config keys whose values differ between
 the runs (``section.field``), then the final metrics. ``--keys`` picks the columns instead (any
 summary key such as ``eval_auc`` or ``examples_per_sec``, or a config key such as ``dense.lr``).
-Directories without a summary.json (unfinished runs) are listed on stderr, not in the table.
+Paths without a readable run summary (unfinished runs; an empty, cut, list-shaped or
+otherwise damaged summary.json) are named on stderr with the reason and counted, not tabled.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import csv
 import io
 import json
 import os
+import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from recjax.runlog import read_summary  # noqa: E402
 
 METRICS = ("steps", "train_ne", "eval_auc", "eval_ne", "eval_logloss", "examples_per_sec",
            "wall_seconds")
@@ -24,16 +30,16 @@ def _flat(config: dict) -> dict:
             for k, v in fields.items()}
 
 
-def collect(paths: list[str]) -> tuple[list[dict], list[str]]:
-    """(rows, skipped): a row per ``PATH/summary.json`` (or a summary.json given directly)."""
+def collect(paths: list[str]) -> tuple[list[dict], list[tuple[str, str]]]:
+    """(rows, skipped): a row per ``PATH/summary.json`` (or a summary.json given directly);
+    ``(path, why)`` for each path without a readable run summary."""
     rows, skipped = [], []
     for path in paths:
         f = path if path.endswith(".json") else os.path.join(path, "summary.json")
-        if not os.path.isfile(f):
-            skipped.append(path)
+        s, why = read_summary(f)
+        if s is None:
+            skipped.append((path, why))
             continue
-        with open(f) as fh:
-            s = json.load(fh)
         run = os.path.basename(os.path.dirname(os.path.abspath(f)))
         rows.append({"run": run, **_flat(s.get("config", {})),
                      **{k: v for k, v in s.items() if k != "config"}})
@@ -80,8 +86,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the table here (default: stdout)")
     args = p.parse_args(argv)
     rows, skipped = collect(args.runs)
-    for path in skipped:
-        print(f"skipped {path}: no summary.json (unfinished or not a run)", file=sys.stderr)
+    for path, why in skipped:
+        print(f"skipped {path}: {why}", file=sys.stderr)
+    if skipped:
+        print(f"{len(skipped)} of {len(args.runs)} paths skipped", file=sys.stderr)
     if not rows:
         print("error: no run with a summary.json among the paths given", file=sys.stderr)
         return 2

@@ -7,14 +7,14 @@
 A ``--sweep KEY=V1,V2,...`` key is a config key (``section.field``) or a fixed flag of train.py
 (``seed``, ``model``, ``batch-size``, ...). The grid is their product, run sequentially in that
 order; point ``dense.lr=0.01_seed=1`` writes to ``OUT/dense.lr=0.01_seed=1/`` (its summary.json,
-metrics.jsonl, checkpoints, and ``train.log``: the run's own output). A point with a summary.json
-is done and skipped; one with checkpoints but no summary (interrupted) is resumed. Every point's
+metrics.jsonl, checkpoints, and ``train.log``: the run's own output). A point with a readable
+summary.json is done and skipped; one with checkpoints but no summary (interrupted) is resumed;
+a damaged summary.json (cut, empty, not a run's) is moved aside and the point run again. Every point's
 config is resolved before the first run starts, so a bad key or value stops the sweep at once.
 """
 
 import argparse
 import itertools
-import json
 import os
 import pathlib
 import subprocess
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from recjax import cli  # noqa: E402
 from recjax.config import ConfigError  # noqa: E402
+from recjax.runlog import read_summary  # noqa: E402
 
 
 def parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -76,9 +77,16 @@ def main(argv=None) -> int:
         name = point_name(point)
         out = os.path.join(args.out, name)
         head = f"[{i}/{len(points)}] {name}:"
-        if os.path.isfile(os.path.join(out, "summary.json")):
+        summary = os.path.join(out, "summary.json")
+        done, why = read_summary(summary)
+        if done is not None:
             print(f"{head} done already (summary.json)", flush=True)
             continue
+        if os.path.lexists(summary):  # damaged: not a finished point; kept aside, rerun
+            aside = f"{summary}.damaged-{int(time.time())}"
+            os.replace(summary, aside)
+            print(f"{head} {why}; moved to {os.path.basename(aside)}, running the point again",
+                  flush=True)
         resume = ["--resume"] if os.path.isdir(os.path.join(out, "checkpoints")) and os.listdir(
             os.path.join(out, "checkpoints")) else []
         cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", args.config, *rest,
@@ -88,13 +96,12 @@ def main(argv=None) -> int:
         with open(os.path.join(out, "train.log"), "a") as log:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
         secs = time.perf_counter() - t
-        summary = os.path.join(out, "summary.json")
-        if rc != 0 or not os.path.isfile(summary):
+        s, why = read_summary(summary)
+        if rc != 0 or s is None:
             failed += 1
-            print(f"{head} FAILED (exit {rc}, {secs:.0f} s); see {out}/train.log", flush=True)
+            print(f"{head} FAILED (exit {rc}, {secs:.0f} s; {why or 'no summary'}); see "
+                  f"{out}/train.log", flush=True)
             continue
-        with open(summary) as f:
-            s = json.load(f)
         metrics = "  ".join(f"{k} {s[k]:.4f}" for k in ("train_ne", "eval_auc", "eval_ne")
                             if isinstance(s.get(k), float))
         print(f"{head} {metrics}  ({'resumed, ' if resume else ''}{secs:.0f} s)", flush=True)

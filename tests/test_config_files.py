@@ -121,7 +121,7 @@ def test_collect_lists_differing_keys_and_metrics(tmp_path):
     _summary(tmp_path / "r2", {"seed": 2}, eval_auc=0.7, eval_ne=None, steps=10)
     (tmp_path / "empty").mkdir()  # no summary.json: listed as skipped, not a row
     rows, skipped = collect.collect([str(p) for p in sorted(tmp_path.iterdir())])
-    assert [r["run"] for r in rows] == ["r1", "r2"] and skipped == [str(tmp_path / "empty")]
+    assert [r["run"] for r in rows] == ["r1", "r2"] and [p for p, _ in skipped] == [str(tmp_path / "empty")]
     cols = collect.columns(rows, keys=None)
     assert cols[:2] == ["run", "train.seed"] and "eval_auc" in cols and "model.name" not in cols
     text = collect.render(rows, cols, "csv")
@@ -151,6 +151,34 @@ def test_sweep_runs_the_grid_and_skips_finished_points(tmp_path):
         assert s["steps"] == 3 and s["model"] == "lr"
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and again.stdout.count("done already") == 4
+    # issue 40 item 12: a damaged summary.json is not a finished point: moved aside, rerun
+    damaged = out / points[0] / "summary.json"
+    damaged.write_text(damaged.read_text()[:40])
+    third = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0 and third.stdout.count("done already") == 3, third.stdout
+    assert "not valid JSON" in third.stdout and json.loads(damaged.read_text())["steps"] == 3
+    assert len(list((out / points[0]).glob("summary.json.damaged-*"))) == 1
+
+
+def test_collect_skips_damaged_summaries_counts_and_names_them(tmp_path):
+    """Issue 40 item 12: collect.py stopped with a traceback on an empty, partial, list-shaped
+    or list-config summary.json and lost the whole table."""
+    _summary(tmp_path / "good1", {"seed": 1}, eval_auc=0.71, steps=10)
+    _summary(tmp_path / "good2", {"seed": 2}, eval_auc=0.72, steps=10)
+    bad = {"empty": "", "partial": '{"steps": 10, "eval_a', "list": "[1, 2]",
+           "listconfig": '{"steps": 10, "config": [1]}'}
+    for name, text in bad.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(text)
+    (tmp_path / "missing").mkdir()
+    r = subprocess.run([sys.executable, "scripts/collect.py",
+                        *sorted(str(p) for p in tmp_path.iterdir())],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| good1 |" in r.stdout and "| good2 |" in r.stdout
+    for name in (*bad, "missing"):
+        assert f"skipped {tmp_path / name}: " in r.stderr, name
+    assert "5 of 7 paths skipped" in r.stderr
 
 
 def test_help_config_lists_every_key_with_type_choices_and_description():
