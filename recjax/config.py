@@ -27,6 +27,8 @@ from recjax.embeddings.sparse_optim import SparseOptimConfig
 from recjax.models.config import ModelConfig
 from recjax.train.features import check_early_stop, check_schedule, parse_dims
 
+SEED_MAX = 2**63 - 1  # seeds reach numpy / jax as int64
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -72,6 +74,9 @@ class DataConfig:
             raise ValueError(f"data.workers must be >= 0 (0 = auto), got {self.workers}")
         if self.multi_hot_len < 1:
             raise ValueError(f"data.multi_hot_len must be >= 1, got {self.multi_hot_len}")
+        if self.split_seed > SEED_MAX:
+            raise ValueError(f"data.split_seed must be <= 2**63 - 1 (seeds are 64-bit integers), "
+                             f"got {self.split_seed}")
         for name, meaning in (("split_seed", "a seed"), ("shuffle_buffer", "0 = file order"),
                               ("cache_rows", "0 = no in-memory cache"),
                               ("prefetch", "0 = no prefetch thread")):
@@ -261,6 +266,8 @@ class TrainConfig:
       keep_best: keep the checkpoint of the best eval so far in out/best/ and report
         best_step / best_metric in summary.json (always on with early stopping). Needs
         eval_every > 0.
+      memory_check: refuse, before allocating, embedding tables and optimizer slots larger
+        than this machine's available memory (false: tables that live on other hosts).
     """
 
     algo: str = "single"
@@ -286,6 +293,7 @@ class TrainConfig:
     monitor: str = "eval_auc"
     early_stop_patience: int = 0
     keep_best: bool = False
+    memory_check: bool = True
 
     def __post_init__(self):
         if self.algo not in ALGOS:
@@ -310,6 +318,9 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0 ({meaning}), got "
                                  f"{getattr(self, name)}")
+        if self.seed > SEED_MAX:  # a numpy int64 downstream: an OverflowError traceback
+            raise ValueError(f"train.seed must be <= 2**63 - 1 (seeds are 64-bit integers), got "
+                             f"{self.seed}")
         if self.resume and not self.out:
             raise ValueError("--resume needs --out DIR (the run directory holding checkpoints/)")
         if self.save_predictions and not self.out:

@@ -53,7 +53,7 @@ from recjax.embeddings import lookup, row_gradients
 from recjax.features import FeatureSpec
 from recjax.train import contract, signals
 from recjax.train.data import open_data, train_shuffle_buffer
-from recjax.train.setup import build, init_scale, make_model
+from recjax.train.setup import build, check_memory, init_scale, make_model
 from recjax.train.step import (
     Model,
     StepMetrics,
@@ -250,6 +250,7 @@ class Runtime:
         if lru:  # raw 64-bit ids: the tables are LRU stores of `capacity` rows, built below
             _, self.tx, self.sparse_opt, state = build(cfg, _with_vocab(self.data.spec, 1))
             self.model = make_model(cfg, _with_vocab(self.data.spec, cfg.embed.capacity))
+            check_memory(cfg, self.model.layout, self.sparse_opt, lru=True)
         else:  # under Ray each PS shard initialises its own tables: none in this process
             self.model, self.tx, self.sparse_opt, state = build(
                 cfg, self.data.spec, tables=self.cluster is None)

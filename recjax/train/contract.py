@@ -51,7 +51,7 @@ RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume",
                      "train.save_predictions", "train.tensorboard", "train.stop_after",
                      "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
                      "data.cache_rows", "train.compile_cache", "train.early_stop_patience",
-                     "train.keep_best"}
+                     "train.keep_best", "train.memory_check"}
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
 # single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).

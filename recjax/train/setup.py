@@ -72,12 +72,63 @@ def init_scale(cfg: Config) -> str | float:
     return cfg.embed.init if cfg.embed.init == "dlrm" else float(cfg.embed.init)
 
 
+# Per row of an LRU store, besides the row and its slots: id and recency (16 B), the map's 4
+# positions (64 B), the log (<= 36 B) (recjax/embeddings/dynamic.py).
+LRU_ROW_BYTES = 116
+
+
+def table_bytes(layout, sparse_opt, lru: bool = False) -> dict[str, int]:
+    """Bytes of each table with its sparse optimizer slots (and, for an LRU store of that many
+    rows, its bookkeeping), from shapes alone (`jax.eval_shape`: nothing is allocated)."""
+    out = {}
+    for t in layout.tables:
+        table = jax.ShapeDtypeStruct((t.num_embeddings, t.embedding_dim), jnp.float32)
+        slots = jax.eval_shape(sparse_opt.init, table)
+        n = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+                for x in jax.tree.leaves((table, slots)))
+        out[t.name] = n + (LRU_ROW_BYTES * t.num_embeddings if lru else 0)
+    return out
+
+
+def check_memory(cfg: Config, layout, sparse_opt, lru: bool = False) -> None:
+    """Refuse, before allocating, tables and slots larger than the memory this machine has
+    available (a 2^28-bucket run was killed by the kernel at 22.9 GB with no message).
+
+    Raises:
+      ValueError: the estimate, what is available, and what to lower.
+    """
+    if not cfg.train.memory_check:
+        return
+    import psutil
+
+    sizes = table_bytes(layout, sparse_opt, lru)
+    need, have = sum(sizes.values()), psutil.virtual_memory().available
+    if need <= have:
+        return
+    big = max(sizes, key=sizes.get)
+    rows = next(t.num_embeddings for t in layout.tables if t.name == big)
+    gib = 2.0**30
+    knob = (f"--embed.capacity (now {cfg.embed.capacity})" if lru
+            else f"--data.hash_buckets (now {cfg.data.hash_buckets})")
+    raise ValueError(f"the embedding tables and their optimizer slots need {need / gib:,.1f} GiB "
+                     f"(largest: {big}, {rows:,} rows, {sizes[big] / gib:,.1f} GiB), more than "
+                     f"the {have / gib:,.1f} GiB this machine has available: lower {knob} or "
+                     "--model.embed_dim, or a sparse optimizer with fewer slots (--sparse.name "
+                     "sgd or rowwise_adagrad); --train.memory_check=false skips this check "
+                     "(tables on other hosts)")
+
+
 def build(cfg: Config, spec: FeatureSpec, tables: bool = True):
     """(model, dense optax tx, sparse optimizer, initial state) for `cfg` on data of `spec`;
-    with ``tables=False`` the state's tables and slots are shapes only (`init_state`)."""
+    with ``tables=False`` the state's tables and slots are shapes only (`init_state`).
+
+    Raises:
+      ValueError: tables and slots beyond this machine's available memory (`check_memory`).
+    """
     model = make_model(cfg, spec)
     tx = make_dense_tx(cfg.dense)
     sparse_opt = make_sparse_optimizer(cfg.sparse)
+    check_memory(cfg, model.layout, sparse_opt)
     return model, tx, sparse_opt, init_state(cfg, model, spec, tx, sparse_opt, tables)
 
 
