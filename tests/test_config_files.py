@@ -56,6 +56,31 @@ def test_bad_keys_in_a_file_name_the_file_and_the_key(tmp_path, text, msg):
         load(str(p))
 
 
+@pytest.mark.parametrize("name,text,msg", [
+    # issue 40 item 14: a 331-byte file of nested aliases expanded to a 4.2M-layer deep_mlp
+    ("c.yaml", "a: &a [64, 64]\nb: &b [*a, *a]\nmodel: {name: dlrm}\n",
+     r"c\.yaml:2: YAML aliases \(\*name\) are not accepted"),
+    ("c.yaml", "model:\n  deep_mlp: [[64, [32]], 16]\n",
+     r"key 'model.deep_mlp' takes a flat list, got the nested"),  # was flattened to 64,32,16
+    ("c.yaml", "train:\n  steps: [[5]]\n", r"key 'train.steps' takes one value, got a list"),
+    ("c.yaml", "train:\n  steps: 5\ntrain:\n  steps: 7\n",
+     r"c\.yaml:1: key 'train' is given twice"),  # the last one won silently
+    ("c.yaml", "train: {steps: 5, steps: 7}\n", r"key 'steps' is given twice"),
+    ("c.json", '{"train": {"steps": 5}, "train": {"steps": 7}}', r"key 'train' is given twice"),
+])
+def test_ambiguous_files_are_refused(tmp_path, name, text, msg):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load(str(p))
+
+
+def test_a_yaml_anchor_without_alias_and_a_flat_list_are_fine(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model: &m {name: deepfm, deep_mlp: [64, 32]}\n")
+    assert load(str(p)).model.deep_mlp == (64, 32)
+
+
 def test_bad_yaml_names_its_line(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  epochs: 3\n model: x\n")
