@@ -81,8 +81,9 @@ class Checkpointer:
       max_to_keep: good checkpoints kept on disk (``train.keep_ckpts``).
     """
 
-    def __init__(self, directory: str, max_to_keep: int = 2):
+    def __init__(self, directory: str, max_to_keep: int = 2, unverified: bool = False):
         self.directory = os.path.abspath(directory)
+        self.unverified = unverified  # restore steps without an integrity record (pre-checksum)
         self.max_to_keep = max_to_keep
         # Synchronous saves: the commit happens in the calling (main) thread, where signals are
         # held (`_signals_held`); rotation is ours, after verification (max_to_keep=None).
@@ -206,7 +207,13 @@ class Checkpointer:
                 meta=ocp.args.JsonRestore())).meta)
         except Exception as e:
             raise _Damaged(f"its metadata cannot be read: {_first_line(e)}") from e
-        record = (meta.pop("integrity", None) or {}).get("arrays")
+        record = _integrity_record(meta.pop("integrity", None))
+        if record is None and not self.unverified:
+            # every step this version writes has one: its absence is damage or tampering (a
+            # deleted or nulled record switched the checks off: 6 of 30 bit flips restored)
+            raise _Damaged("it has no integrity record (checksums), so its bytes cannot be "
+                           "verified; a checkpoint of a recjax version before checksums resumes "
+                           "with --train.unverified_resume=true")
         if record is not None:
             mine = array_specs(like)
             if [r[:3] for r in record] != mine:
@@ -269,6 +276,20 @@ class Checkpointer:
         self._mngr.reload()
         self._good.discard(step)
         self._bad.pop(step, None)
+
+
+def _integrity_record(integrity: Any) -> list[list] | None:
+    """The ``[path, shape, dtype, crc]`` rows of a step's integrity metadata, None if it has
+    none, and `_Damaged` if it is there but malformed (a tampered or damaged record)."""
+    if integrity is None:
+        return None
+    record = integrity.get("arrays") if isinstance(integrity, dict) else None
+    if (not isinstance(integrity, dict) or integrity.get("checksum") != "crc32"
+            or not isinstance(record, list)
+            or not all(isinstance(r, list) and len(r) == 4 and isinstance(r[3], str)
+                       for r in record)):
+        raise _Damaged("its integrity record is malformed (damaged or edited)")
+    return record
 
 
 def _spec_diff(saved: list[list], mine: list[list]) -> str:

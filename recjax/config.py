@@ -268,6 +268,8 @@ class TrainConfig:
         eval_every > 0.
       memory_check: refuse, before allocating, embedding tables and optimizer slots larger
         than this machine's available memory (false: tables that live on other hosts).
+      unverified_resume: ``--resume`` may restore a checkpoint without an integrity record
+        (written by a recjax version before checksums); otherwise such a step is damaged.
     """
 
     algo: str = "single"
@@ -294,6 +296,7 @@ class TrainConfig:
     early_stop_patience: int = 0
     keep_best: bool = False
     memory_check: bool = True
+    unverified_resume: bool = False
 
     def __post_init__(self):
         if self.algo not in ALGOS:

@@ -302,3 +302,47 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeyp
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
     assert err.startswith("error: could not write checkpoint step 4 in ") and "No space" in err
+
+
+def _edit_meta(step_dir: pathlib.Path, change) -> None:
+    path = step_dir / "meta" / "metadata"
+    meta = json.loads(path.read_text())
+    change(meta)
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda m: m.pop("integrity"),
+    lambda m: m.update(integrity=None),
+    lambda m: m["integrity"].update(arrays=None),
+    lambda m: m["integrity"].update(checksum="none"),
+    lambda m: [r.__setitem__(3, None) for r in m["integrity"]["arrays"]],
+])
+def test_an_edited_integrity_record_cannot_switch_the_checks_off(tmp_path, capsys, tamper):
+    """Issue 40 item 10: deleting or nulling `integrity` in a step's metadata disabled the
+    checksums (6 of 30 bit flips then restored silently). Now that step is damaged: the
+    restore falls back to the older step; `unverified` (for checkpoints of a recjax before
+    checksums) restores it unchecked."""
+    _saved(tmp_path, [10, 20]).close()
+    step = tmp_path / "checkpoints" / "20"
+    _flip(_largest_array_file(step))
+    _edit_meta(step, tamper)
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    state, meta = ck.restore(_state(0))
+    ck.close()
+    _assert_same(state, _state(10))
+    assert "skipped damaged checkpoint step 20" in capsys.readouterr().out
+
+
+def test_a_pre_checksum_checkpoint_resumes_only_when_asked(tmp_path):
+    _saved(tmp_path, [10]).close()
+    _edit_meta(tmp_path / "checkpoints" / "10", lambda m: m.pop("integrity"))
+    ck = Checkpointer(str(tmp_path / "checkpoints"))
+    with pytest.raises(CheckpointCorruptError, match="unverified_resume"):
+        ck.restore(_state(0))
+    ck.close()
+    ck = Checkpointer(str(tmp_path / "checkpoints"), unverified=True)
+    state, meta = ck.restore(_state(0))
+    ck.close()
+    _assert_same(state, _state(10))
+    assert meta["note"] == 10

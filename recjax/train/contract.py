@@ -51,7 +51,7 @@ RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume",
                      "train.save_predictions", "train.tensorboard", "train.stop_after",
                      "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
                      "data.cache_rows", "train.compile_cache", "train.early_stop_patience",
-                     "train.keep_best", "train.memory_check"}
+                     "train.keep_best", "train.memory_check", "train.unverified_resume"}
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
 # single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
@@ -192,7 +192,8 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
     resume = tc.resume if resume is None else resume
     if tc.out:
         claim_out(tc.out, resume)  # every process layout: lock, and refuse a used --out
-    ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts)
+    ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts,
+                         unverified=tc.unverified_resume)
             if tc.out and checkpoints else None)
     if ckpt:
         ckpt.clean_stale()  # saves a kill cut short; safe under the lock
