@@ -29,6 +29,7 @@ import glob
 import os
 import shutil
 import signal
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -41,6 +42,49 @@ from absl import logging as absl_logging
 
 # orbax logs every save through absl at WARNING/INFO; a progress bar is what users watch.
 absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+def _is_closed_loop_echo(exc: BaseException | None, tb=None) -> bool:
+    """A ``RuntimeError: Event loop is closed`` raised by asyncio's ``call_soon_threadsafe``
+    called from outside Python (its traceback starts there), nothing else."""
+    tb = tb if tb is not None else getattr(exc, "__traceback__", None)
+    return (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
+
+
+def _mute_closed_loop_echoes() -> None:
+    """When a save fails, tensorstore's writes still in flight complete into the event loop
+    orbax already closed, and each prints ``RuntimeError: Event loop is closed`` with a
+    traceback (99 of them behind a full disk's one message). Those echoes, and only those (see
+    `_is_closed_loop_echo`), are not printed: the save's own error says what happened."""
+    if getattr(sys.excepthook, "_recjax_mute", False):
+        return
+    hook, unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(kind, value, tb):
+        if not _is_closed_loop_echo(value, tb):
+            hook(kind, value, tb)
+
+    def unraisablehook(info):
+        if not _is_closed_loop_echo(info.exc_value, info.exc_traceback):
+            unraisable(info)
+
+    excepthook._recjax_mute = True
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+
+
+@contextlib.contextmanager
+def _orbax_quiet() -> Iterator[None]:
+    """orbax's writer threads log every failed write as an ERROR with a traceback (a full disk:
+    ~140 lines before the run's own message); the save's exception carries the first of them
+    and `Checkpointer.save` turns it into one line, so nothing is logged meanwhile."""
+    _mute_closed_loop_echoes()  # a failing write echoes while the save still runs
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.FATAL)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(level)
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's mark of a step directory not (or no longer) committed
 
@@ -137,18 +181,26 @@ class Checkpointer:
                 self._delete(step)
             record = [[*spec, crc] for spec, crc in zip(array_specs(state), checksums(state))]
             try:
-                self._mngr.save(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state),
-                    meta=ocp.args.JsonSave({**meta, "integrity": {"checksum": "crc32",
-                                                                  "arrays": record}})),
-                    force=True)
+                with _orbax_quiet():  # its threads log each failure with a traceback
+                    self._mngr.save(step, args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(state),
+                        meta=ocp.args.JsonSave({**meta, "integrity": {"checksum": "crc32",
+                                                                      "arrays": record}})),
+                        force=True)
             except Exception as e:
                 for path in glob.glob(os.path.join(glob.escape(self.directory),
                                                    f"{step}{TMP_SUFFIX}*")):
                     shutil.rmtree(path, ignore_errors=True)
                 self._mngr.reload()
+                why = _first_line(e)
+                if "No space left on device" in str(e) or getattr(e, "errno", None) == 28:
+                    last = self.latest_step()
+                    why = ("the disk is full (No space left on device): free space or use an "
+                           "--out on another disk; "
+                           + (f"the checkpoint at step {last} is intact" if last is not None
+                              else "no earlier checkpoint was written"))
                 raise OSError(f"could not write checkpoint step {step} in {self.directory}: "
-                              f"{_first_line(e)}") from e
+                              f"{why}") from e
             why = self._verify(step, state)
             if why is not None:
                 self._bad[step] = why
