@@ -11,7 +11,12 @@
 * a run's ``summary.json``: its ``config`` (the full resolved config, DESIGN.md section 3)
   reruns the run. ``train.out`` and ``train.resume`` are cleared (pass ``--out`` for the rerun:
   the old directory holds the old run's checkpoints), and so are ``train.stop_after`` and
-  ``train.save_predictions`` (add ``--save-predictions`` with the new ``--out``).
+  ``train.save_predictions`` (add ``--save-predictions`` with the new ``--out``);
+  ``train.compile_cache`` goes back to ``auto``.
+
+A file may set ``train.compile_cache`` to ``auto`` or ``off`` only: a directory there would
+make JAX load and run compiled code from wherever the file points (a data file is not a place
+to name one); ``--train.compile_cache=DIR`` on the command line still does.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ from recjax.config import Config, ConfigError, _parse_value
 
 FILE_KINDS = (".py", ".json", ".yaml", ".yml")
 # A rerun from a summary must not write into (or resume) the run it reproduces.
-RERUN_CLEARED = {"train": {"out": "", "resume": False, "stop_after": 0, "save_predictions": False}}
+RERUN_CLEARED = {"train": {"out": "", "resume": False, "stop_after": 0, "save_predictions": False,
+                           "compile_cache": "auto"}}
+# Keys a file may not point elsewhere: a compile cache directory holds native code that JAX
+# loads and runs, so only the command line names one (a file may say auto or off).
+FILE_CHOICES = {"train.compile_cache": ("auto", "off")}
 
 
 def override_text(value: Any) -> str:
@@ -87,6 +96,15 @@ def from_dict(tree: dict, where: str, base: Config | None = None) -> Config:
             if value is None:
                 raise ConfigError(f"{where}: key {key!r} has no value (null); give one or remove "
                                   "the key")
+            if hints[field] is str and isinstance(value, bool):  # YAML 1.1: off, no, yes, on
+                raise ConfigError(f"{where}: key {key!r} takes a string, and the file gave the "
+                                  f"boolean {value!r} (YAML reads off/on/no/yes as booleans): "
+                                  "quote it, e.g. 'off'")
+            if key in FILE_CHOICES and value not in FILE_CHOICES[key]:
+                raise ConfigError(f"{where}: key {key!r} may be {' or '.join(FILE_CHOICES[key])} "
+                                  f"in a config file, not {value!r}: a compile cache directory "
+                                  "holds native code that would be loaded and run; name one on "
+                                  f"the command line (--{key}=DIR)")
             if isinstance(value, (list, tuple)):  # flattened silently before: [[64,[32]],16]
                 if typing.get_origin(hints[field]) is not tuple:
                     raise ConfigError(f"{where}: key {key!r} takes one value, got a list "

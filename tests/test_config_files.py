@@ -279,3 +279,29 @@ def test_second_run_loads_from_the_compile_cache_with_the_same_result(tmp_path):
                          env=dict(env, RECJAX_CACHE=str(tmp_path / "other")), capture_output=True,
                          text=True, timeout=600)
     assert off.returncode == 0 and not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("name,text", [
+    ("c.json", '{"train": {"compile_cache": "/tmp/elsewhere"}}'),
+    ("c.yaml", "train: {compile_cache: /tmp/elsewhere}\n"),
+])
+def test_a_config_file_cannot_name_a_compile_cache_directory(tmp_path, name, text):
+    """Issue 40 item 4: a file (or a summary.json rerun) made JAX write and load compiled code
+    in any directory it named. A file may say auto or off; a rerun goes back to auto."""
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=r"compile_cache' may be auto or off in a config file"):
+        load(str(p))
+    p.write_text(text.replace('"/tmp/elsewhere"', '"off"').replace("/tmp/elsewhere", '"off"'))
+    assert load(str(p)).train.compile_cache == "off"
+    if name.endswith(".yaml"):  # unquoted, YAML reads off as False (a directory 'false' before)
+        p.write_text(text.replace("/tmp/elsewhere", "off"))
+        with pytest.raises(ConfigError, match="quote it"):
+            load(str(p))
+
+
+def test_a_rerun_from_a_summary_does_not_keep_its_compile_cache_directory(tmp_path):
+    cfg = json.loads(json.dumps(configs.smoke().to_dict()))
+    cfg["train"]["compile_cache"] = "/tmp/elsewhere"
+    (tmp_path / "summary.json").write_text(json.dumps({"algorithm": "single", "config": cfg}))
+    assert load(str(tmp_path / "summary.json")).train.compile_cache == "auto"
