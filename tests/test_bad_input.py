@@ -215,6 +215,8 @@ AVAZU_LINE = (b"10000169349117863715,0,14102100,1005,0,1fbe01fe,f3845767,28905eb
     (b"14102100", b"1410x100", "hour", ["not an integer"]),
     (b"1fbe01fe", b"1fbe\xff\xfe", "site_id", ["not UTF-8 text"]),
     (b",79\n", b"\n", "C21", ["field count", "got 23"]),
+    (b",79\n", b",79 \n", "C21", ["whitespace around a category", "'79 '"]),  # issue 40 item 15
+    (b",1fbe01fe,", b", 1fbe01fe,", "site_id", ["whitespace around a category"]),
 ])
 def test_avazu_bad_lines(tmp_path, old, new, field, words):
     p = write(tmp_path, [AVAZU_HEADER, AVAZU_LINE, AVAZU_LINE.replace(old, new)])
@@ -297,6 +299,11 @@ TAOBAO_LINE = b"0,2017-05-06 00:00:00,874257,172298,430548_1007,5443,160194,864,
     (b",3.9,", b",cheap,", "price", ["not a number"]),
     (b"874257", b"87\xff257", "userid", ["not UTF-8"]),
     (b"0,2017", b"3,2017", "clk", ["bad label"]),
+    # issue 40 item 15: float() took these where the integer fields refuse them
+    (b",3.9,", b",1_000,", "price", ["not a number", "no spaces, signs '+' or digit separators"]),
+    (b",3.9,", b",+3.9,", "price", ["not a number"]),
+    (b",3.9,", b", 3.9,", "price", ["not a number"]),
+    (b",5443,", b",5443 ,", "cate_id", ["whitespace around a category"]),
 ])
 def test_taobao_bad_lines(tmp_path, old, new, field, words):
     p = write(tmp_path, [TAOBAO_HEADER, TAOBAO_LINE.replace(old, new), TAOBAO_LINE])
@@ -306,3 +313,37 @@ def test_taobao_bad_lines(tmp_path, old, new, field, words):
     src = TaobaoSource(p, skip_bad_lines=True)
     c = read(src)
     assert c.row.tolist() == [1] and c.mask[0, -1].tolist()[:3] == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("cls,lines", [
+    (MovieLensSource, [b"196\t242\t3\t881250949\n", b"196\t242\t3\t8812"]),
+    (CriteoCSVSource, None),
+])
+def test_a_last_line_without_newline_is_reported(tmp_path, cls, lines):
+    """Issue 40 item 15: a file cut inside its last field still parses (8812 is a timestamp
+    too); a last line with no newline is read, and its number reported (ReadStats.unterminated,
+    summary.json data_stats and warnings)."""
+    if lines is None:
+        header = b"Id,Label," + b",".join(b"I%d" % i for i in range(1, 14)) + b"," + b",".join(
+            b"C%d" % i for i in range(1, 27)) + b"\n"
+        line = b"7,1," + b",".join(b"%d" % i for i in range(1, 14)) + b"," + b",".join(
+            [b"68fd1e64"] * 26)
+        lines = [header, line + b"\n", line[:-3]]
+    p = write(tmp_path, lines, name="cut.txt")
+    src = cls(p)
+    read(src)
+    assert src.stats.unterminated == len(lines)
+    assert src.stats.as_dict()["last_line_unterminated"] == len(lines)
+    whole = write(tmp_path, [*lines[:-1], lines[-1] + b"\n"], name="whole.txt")
+    src = cls(whole)
+    read(src)
+    assert src.stats.unterminated is None and "last_line_unterminated" not in src.stats.as_dict()
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be", "utf-16-le"])
+def test_a_utf16_file_is_named_as_such(tmp_path, encoding):
+    """Issue 40 item 15: UTF-16 files were reported as having CR-only line endings."""
+    p = tmp_path / "u16.data"
+    p.write_bytes("196\t242\t3\t881250949\n186\t302\t3\t891717742\n".encode(encoding))
+    with pytest.raises(DataError, match="UTF-16"):
+        MovieLensSource(str(p))

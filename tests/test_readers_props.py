@@ -144,6 +144,8 @@ def _avazu_oracle(tok):
             raise Bad(n) from None
         if b"\x00" in t:  # a NUL byte is a corrupt field, not a category (issue 16 item 12)
             raise Bad(n)
+        if t != t.strip():  # "79 " would be a category apart from "79" (issue 40 item 15)
+            raise Bad(n)
         ids.append([bucket(t, k)])
     return [], ids, label
 

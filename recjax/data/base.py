@@ -32,6 +32,8 @@ class ReadStats:
       first_lines: their line numbers (not in `as_dict`: for `all_skipped_error`).
       truncated: examples whose multi-hot field had more than ``max_len`` ids (the extra ids
         are dropped), by field name.
+      unterminated: the number of the file's last line when it has no final newline (a file
+        cut short ends that way, inside a field the parser may still accept).
     """
 
     rows: int = 0
@@ -39,6 +41,7 @@ class ReadStats:
     first_skipped: list = dataclasses.field(default_factory=list)
     first_lines: list = dataclasses.field(default_factory=list)
     truncated: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    unterminated: int | None = None
 
     def skip(self, err: DataError, keep: int = 5) -> None:
         self.skipped[err.problem.split(":")[0]] += 1
@@ -49,7 +52,8 @@ class ReadStats:
     def as_dict(self) -> dict:
         return {"rows": self.rows, "skipped_lines": sum(self.skipped.values()),
                 "skipped_by_reason": dict(self.skipped), "first_skipped": list(self.first_skipped),
-                "truncated_by_field": dict(self.truncated)}
+                "truncated_by_field": dict(self.truncated),
+                **({"last_line_unterminated": self.unterminated} if self.unterminated else {})}
 
 
 def all_skipped_error(path: str, stats: ReadStats) -> DataError | None:

@@ -117,11 +117,25 @@ def _int64(t: bytes) -> int | None:
     return v if _INT64_MIN <= v <= _INT64_MAX else None
 
 
+_DECIMAL = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
 def parse_floats(tokens: Sequence[bytes], field: str, bad: Problems) -> np.ndarray:
-    """f64[N] from decimal numbers; empty = 0 (missing); nan/inf are rejected."""
+    """f64[N] from decimal numbers (``-12``, ``3.9``, ``1e-3``); empty = 0 (missing); nan/inf,
+    and what Python's float() takes beyond that (``1_000``, ``+3.9``, ``" 3.9"``, which the
+    integer fields refuse), are rejected."""
     out = np.zeros(len(tokens), np.float64)
     for i, t in enumerate(tokens):
         if not t:
+            continue
+        if not _DECIMAL.fullmatch(t):
+            try:
+                odd = not np.isfinite(float(t))  # nan, inf: say so
+            except ValueError:
+                odd = False
+            bad.add(i, field, f"not a finite number: got {show(t)}" if odd else
+                    f"not a number: got {show(t)}, expected a decimal number such as 3.9 or -12 "
+                    "(no spaces, signs '+' or digit separators)")
             continue
         try:
             out[i] = float(t)
@@ -146,7 +160,13 @@ def check_hex(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
 
 def check_text(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
     """Every token is UTF-8 text without NUL bytes (either means a corrupt or binary file; a NUL
-    would otherwise be hashed into a category of its own)."""
+    would otherwise be hashed into a category of its own) and without leading or trailing
+    whitespace (``"79 "`` would be hashed as a category apart from ``"79"``)."""
+    for i, t in enumerate(tokens):
+        if t != t.strip():
+            bad.add(i, field, f"whitespace around a category: got {show(t)}; categories are "
+                              "compared byte for byte, so it would be a category of its own: "
+                              "remove the spaces")
     joined = b"".join(tokens)
     if b"\x00" not in joined:
         try:
@@ -270,6 +290,8 @@ class TextSource:
                 part = self._parse_block(lines, line + 1, row)
                 line += len(lines)
                 row += len(lines)
+                if not lines[-1].endswith(b"\n") and lines[-1].strip():
+                    self.stats.unterminated = line  # the file's last line: it may be cut
                 if part is not None:
                     parts.append(part)
                     n_parts += part.size
@@ -305,6 +327,12 @@ class TextSource:
             raise DataError(self.path, None, None, "empty file: no lines at all",
                             "Check that the file was fully downloaded or extracted")
         first = first.removeprefix(_BOM)
+        # UTF-16: its byte order mark, or (without one) a NUL beside every ASCII character; a
+        # stray NUL in a field is that line's problem, not the file's
+        if (magic.startswith((b"\xff\xfe", b"\xfe\xff"))
+                or first.count(b"\x00") > 0.3 * len(first)):
+            raise DataError(self.path, 1, None, "the file is UTF-16, not UTF-8 text",
+                            "Convert it first, e.g. `iconv -f UTF-16 -t UTF-8 FILE > FILE.utf8`")
         if b"\r" in first.rstrip(b"\r\n"):
             # Old Mac line endings: the whole file reads as one line, whose header or field-count
             # error would list every token of the file.

@@ -358,6 +358,12 @@ def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progr
     step = int(state.step)
     steps_per_epoch = max(data.train_rows // tc.batch_size, 1)
     warnings = []
+    cut = {(src.name, src.stats.unterminated) for src in (data.train, data.eval)
+           if getattr(src.stats, "unterminated", None)}
+    for name, line in sorted(cut):
+        warnings.append(f"the data file {name} does not end with a newline: its last line "
+                        f"({line}) was read as is, and if the file was cut short that line may "
+                        "be incomplete")
     if not np.isfinite(ev["auc"]):
         warnings.append(f"eval AUC/NE are undefined: the eval set ({ev['examples']} examples) "
                         f"has a single class (CTR {ev['ctr']}); use a larger eval set: "
