@@ -1,9 +1,12 @@
 """The on-disk parse cache replays exactly what the reader produced, and never stale data."""
 
 import os
+import pathlib
 
 import numpy as np
+import pytest
 
+from recjax.data.base import DataError
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.sources import open_source
 
@@ -89,3 +92,71 @@ def test_the_key_does_not_depend_on_the_process_hash_seed(tmp_path):
                            env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
             for seed in range(6)}
     assert len(keys) == 1, keys
+
+
+def _cached(tmp_path):
+    f = tmp_path / "d.tsv"
+    _write(f, LINES[:2] * 8)
+    opts = {"hash_buckets": 97, "skip_bad_lines": False, "multi_hot_len": 20}
+    make = lambda: DiskCachedSource(open_source(f"criteo:{f}", chunk_rows=8, **opts),
+                                    str(tmp_path / "cache"), opts)
+    _collect(make())
+    return make
+
+
+def _rewrite(d, name, change, fix_crc=False):
+    """Change array file `name` of cache `d`; with `fix_crc` also its manifest checksum (an
+    edit that knows the format: only the range checks can catch it)."""
+    import json
+    import zlib
+
+    a = np.load(d / name)
+    a = change(a.copy())
+    np.save(d / name, a)
+    if fix_crc:
+        m = json.loads((d / "manifest.json").read_text())
+        chunk, field = int(name.split(".")[0]), name.split(".")[1]
+        m["arrays"][chunk][field][2] = f"{zlib.crc32(np.ascontiguousarray(a).view(np.uint8)):08x}"
+        (d / "manifest.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("damage,words", [
+    # issue 40 item 4: labels of 5.0 and ids of 10^9 trained silently
+    (lambda d: _rewrite(d, "000000.label.npy", lambda a: a + 5.0, fix_crc=True),
+     "labels other than 0 and 1"),
+    (lambda d: _rewrite(d, "000001.ids.npy", lambda a: a + 10**9, fix_crc=True),
+     "ids outside their fields' vocabularies"),
+    (lambda d: _rewrite(d, "000000.dense.npy", lambda a: a * np.nan, fix_crc=True),
+     "non-finite dense values"),
+    (lambda d: _rewrite(d, "000000.label.npy", lambda a: 1.0 - a), "does not match its checksum"),
+    (lambda d: (d / "000000.dense.npy").unlink(), "000000.dense.npy cannot be read"),  # TypeError
+    (lambda d: (d / "000001.ids.npy").write_bytes((d / "000001.ids.npy").read_bytes()[:100]),
+     "000001.ids.npy cannot be read"),
+    (lambda d: (d / "manifest.json").write_text('{"chunks": 2'), "manifest.json cannot be read"),
+    (lambda d: (d / "manifest.json").write_text('{"chunks": 2, "stats": {}}'),
+     "manifest.json is malformed"),
+])
+def test_a_damaged_or_edited_cache_is_refused_and_named(tmp_path, damage, words):
+    make = _cached(tmp_path)
+    src = make()
+    damage(pathlib.Path(src.directory))
+    with pytest.raises(DataError, match="parse cache of criteo:") as e:
+        _collect(make())
+    msg = str(e.value)
+    assert words in msg and src.directory in msg and "Delete" in msg, msg
+
+
+def test_a_multi_hot_cache_replays_without_a_false_alarm(tmp_path):
+    from tests.conftest import ROOT
+
+    path = ROOT.parent / "shared" / "data" / "taobao_ad_tiny" / "train_sample.csv"
+    if not path.exists():
+        pytest.skip(f"{path} is absent")
+    opts = {"hash_buckets": 97, "skip_bad_lines": False, "multi_hot_len": 5}
+    make = lambda: DiskCachedSource(open_source(f"taobao:{path}", **opts),
+                                    str(tmp_path / "cache"), opts)
+    first = _collect(make())
+    again = _collect(make())
+    assert len(first) == len(again) and all(
+        (x is None and y is None) or np.array_equal(x, y) for a, b in zip(first, again)
+        for x, y in zip(a, b))
