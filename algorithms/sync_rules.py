@@ -36,7 +36,16 @@ def _lerp(w, target, a):
 
 
 def easgd(w_ps, w_i, alpha: float):
-    """S-EASGD exchange (Alg. 2): returns ``(wPS', w_i')``."""
+    """S-EASGD exchange (Alg. 2): returns ``(wPS', w_i')``, both from the old values.
+
+    A choice, not the paper's text: Alg. 2 writes the two lines in sequence, ``wPS <- (1-a)
+    wPS + a w_i`` then ``w_i <- (1-a) w_i + a wPS``, the second reading the new wPS; this is
+    the original EASGD's simultaneous form. They differ: at ``a = 0.5`` (the ShadowSync study's)
+    the simultaneous form leaves both equal to the average after every exchange, where Sec. 3
+    says the interpolation is asymmetric ("w_i and wPS are not equal after this update"); the
+    sequential one gives ``w_i' = 0.75 w_i + 0.25 wPS``. Kept until the ShadowSync study is
+    redone (issue 35), since changing it changes every S-/FR-EASGD number in docs/shadowsync.md.
+    """
     return _lerp(w_ps, w_i, alpha), _lerp(w_i, w_ps, alpha)
 
 

@@ -126,7 +126,8 @@ class GbaConfig:
       buffer: M, gradients aggregated per global step; 0 = train.batch_size / B_a, which keeps
         the global batch of the sync run (Sec. 4.1: M = B_s N_s / B_a).
       iota: staleness threshold of Eq. 1: a gradient with k - token > iota is dropped.
-      b1: hop_bs: the fastest worker may be at most b1 global steps ahead of the slowest.
+      b1: hop_bs: the fastest worker may be at most b1 batches (gradients pushed) ahead of the
+        slowest active one; the paper's "versions apart" counted in batches (docs/gba.md).
       b2: bsp: gradients aggregated per update, regardless of version (0 = workers).
       b3: hop_bw: backup workers; each update waits for workers - b3 gradients and drops the
         b3 slowest of that round.
