@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 
 from recjax import config_files, configs, registry
-from recjax.config import Config, ConfigError, apply_overrides, help_text
+from recjax.config import Config, ConfigError, apply_overrides
+from recjax.config_help import help_text
 from recjax.data.synthetic import preset, synthetic_name
 
 # Fixed flag -> config key (users, docs and checks rely on these names).

@@ -419,11 +419,3 @@ def apply_overrides(cfg, pairs: list[tuple[str, str]]):
     for key, text in pairs:
         cfg = override(cfg, key, text)
     return cfg
-
-
-def help_text(cfg) -> str:
-    """All keys with their type, current value, default, choices and description, for
-    ``--help-config`` (recjax/config_help.py)."""
-    from recjax import config_help  # it imports this module
-
-    return config_help.help_text(cfg)

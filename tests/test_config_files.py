@@ -209,8 +209,8 @@ def test_collect_skips_damaged_summaries_counts_and_names_them(tmp_path):
 def test_help_config_lists_every_key_with_type_choices_and_description():
     import dataclasses
 
-    from recjax.config import help_text, override
-    from recjax.config_help import CHOICES
+    from recjax.config import override
+    from recjax.config_help import CHOICES, help_text
 
     cfg = configs.criteo()
     text = help_text(cfg)
