@@ -10,6 +10,10 @@ host-async algorithms and the refusal of a flag an algorithm cannot honour (`RUL
 
 Adding an algorithm: a row in `ALGORITHMS` (and, if it has settings of its own, its config
 section); nothing else lists algorithms.
+
+It lives in `recjax`, not in ``algorithms/`` where DESIGN.md section 2 draws it: the config,
+the CLI and the resume contract read it, and `recjax` imports no algorithm, so the rows are
+data and name their ``run`` by module path.
 """
 
 from __future__ import annotations
