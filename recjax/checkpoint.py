@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import shutil
 import signal
@@ -55,7 +56,8 @@ def _is_closed_loop_echo(exc: BaseException | None, tb=None) -> bool:
 def _mute_closed_loop_echoes() -> None:
     """When a save fails, tensorstore's writes still in flight complete into the event loop
     orbax already closed, and each prints ``RuntimeError: Event loop is closed`` with a
-    traceback (99 of them behind a full disk's one message). Those echoes, and only those (see
+    traceback (99 of them behind a full disk's one message), and asyncio logs orbax's failed
+    writer tasks as "Task exception was never retrieved". Those echoes, and only those (see
     `_is_closed_loop_echo`), are not printed: the save's own error says what happened."""
     if getattr(sys.excepthook, "_recjax_mute", False):
         return
@@ -71,6 +73,11 @@ def _mute_closed_loop_echoes() -> None:
 
     excepthook._recjax_mute = True
     sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+    # and asyncio's "Task exception was never retrieved" for orbax's own writer tasks: the
+    # save's exception already carries what failed
+    logging.getLogger("asyncio").addFilter(
+        lambda r: not (r.getMessage().startswith("Task exception was never retrieved")
+                       and "orbax" in r.getMessage()))
 
 
 @contextlib.contextmanager
