@@ -2,6 +2,7 @@
 
     python scripts/faults.py                      # 3 cycles each of single, sync, shadow (minutes)
     python scripts/faults.py --cycles 20 --algos shadow --seed 3 --json faults.json
+    python scripts/faults.py --out-cases          # the --out policy of 2-process runs
 
 For each algorithm: one uninterrupted reference run, then the same run under faults. Each cycle
 starts the run (``--resume`` once a checkpoint exists), waits until it trains (a checkpoint newer
@@ -98,6 +99,35 @@ def fault_cycle(args, out, log, rng, fault: str, moment: str, timeout: float) ->
             "completed": code == 0 and (out / "summary.json").exists()}
 
 
+def out_policy_cases(work: pathlib.Path, timeout: float) -> dict:
+    """The ``--out`` policy under ``jax.distributed`` (issue 40 item 3): a 2-process DES run
+    into the --out of a single-process run, and into that of a finished 2-process run. Each must
+    be refused by every process with the old files left byte for byte, and no process left."""
+    import psutil
+
+    launch_py = str(pathlib.Path(TRAIN).with_name("launch.py"))
+    multi = [sys.executable, launch_py, "--num-processes", "2", "--timeout", str(timeout), "--",
+             sys.executable, TRAIN, *COMMON, "--algo", "des", "--model", "deepfm", "--steps", "8"]
+    files = lambda d: {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()
+                       and p.name != ".lock"}
+    single, twice = work / "single", work / "multi"
+    subprocess.run([sys.executable, TRAIN, *COMMON, "--steps", "8", "--out", str(single)],
+                   check=True, capture_output=True, timeout=timeout)
+    subprocess.run([*multi, "--out", str(twice)], check=True, capture_output=True, timeout=timeout)
+    cases = []
+    for name, out in (("into a single-process run's --out", single),
+                      ("into a finished multi-process run's --out", twice)):
+        before = files(out)
+        r = subprocess.run([*multi, "--out", str(out)], capture_output=True, text=True,
+                           timeout=timeout)
+        cases.append({"case": name, "refused": r.returncode != 0 and "Traceback" not in r.stderr,
+                      "files_changed": files(out) != before})
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if any("--spmd.process_id" in c for c in (p.info["cmdline"] or []))]
+    return {"cases": cases, "refused": sum(c["refused"] for c in cases),
+            "files_changed": sum(c["files_changed"] for c in cases), "processes_left": len(left)}
+
+
 def final_arrays(out: pathlib.Path) -> list:
     meta = json.loads((out / "checkpoints" / str(committed(out)[-1]) / "meta" / "metadata")
                       .read_text())
@@ -112,9 +142,16 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="", help="keep the runs here (default: a temp dir)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per start")
     ap.add_argument("--json", default="", help="also write the report here")
+    ap.add_argument("--out-cases", action="store_true",
+                    help="instead: the --out policy of 2-process runs (issue 40 item 3)")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     work = pathlib.Path(a.workdir or tempfile.mkdtemp(prefix="recjax-faults-"))
+    if a.out_cases:
+        rep = out_policy_cases(work, a.timeout)
+        print(json.dumps(rep, indent=1), flush=True)
+        ok = rep["refused"] == len(rep["cases"]) and not rep["files_changed"]
+        return 0 if ok and not rep["processes_left"] else 1
     report, ok = {}, True
     for algo in a.algos.split(","):
         args, base = ALGOS[algo], work / algo

@@ -20,3 +20,14 @@ def test_fault_cycles_lose_nothing_and_resume_bitwise(tmp_path):
         assert r["cycles"] >= 1, (algo, r)
         assert r["lost"] == 0 and r["bad_exits"] == 0 and r["bitwise_equal"], (algo, r)
     assert code == 0
+
+
+@pytest.mark.slow
+def test_out_policy_cases_of_multi_process_runs(tmp_path, capsys):
+    """Issue 40 item 3 in the fault script: 2-process runs into a used --out are refused by
+    every process, the old files stay byte for byte, and no process is left."""
+    code = faults.main(["--out-cases", "--workdir", str(tmp_path / "runs"), "--timeout", "200"])
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert code == 0 and report["refused"] == 2 == len(report["cases"])
+    assert report["files_changed"] == 0 and report["processes_left"] == 0
