@@ -139,3 +139,14 @@ def test_the_gba_study_at_smoke_size_hands_over_every_global_step(tmp_path):
     text = (tmp_path / "gba_study.md").read_text()
     assert "### Claims" in text and "| gba |" in text
     assert (tmp_path / "gba_study.svg").exists() and (tmp_path / "gba_study.png").exists()
+
+
+def test_records_of_other_settings_are_never_reused(tmp_path):
+    """A study run again with an edited file (or another size) into the same --out: an error
+    naming the segment, not the old numbers under the new settings."""
+    runner.run_study(STUDY, "quick", str(tmp_path), FakeRun(), log=lambda s: None)
+    import dataclasses
+
+    edited = dataclasses.replace(STUDY, overrides={"train.batch_size": 32})
+    with pytest.raises(ValueError, match="run under other settings"):
+        runner.run_study(edited, "quick", str(tmp_path), FakeRun(), log=lambda s: None)

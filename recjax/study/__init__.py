@@ -43,14 +43,17 @@ def main(study: Study, argv: list[str], run) -> int:
     p.add_argument("--smoke", action="store_true", help="seconds-long runs (tests)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the size's)")
     p.add_argument("--datasets", help=f"comma-separated subset of {', '.join(study.datasets)}")
-    p.add_argument("--out", default=os.path.join("runs", f"compare_{study.name}"),
-                   help="output folder; a study run again there skips its finished segments")
+    p.add_argument("--out", help="output folder (default runs/compare_NAME, or "
+                   "runs/compare_NAME_quick / _smoke); a study run again there skips its "
+                   "finished segments")
     p.add_argument("--data", help="folder the relative data paths are under (default "
                    "$RECJAX_DATA, else ../shared/data next to the checkout)")
     a = p.parse_args(argv)
     if a.data:
         os.environ["RECJAX_DATA"] = a.data
     size = "smoke" if a.smoke else "quick" if a.quick else "full"
+    a.out = a.out or os.path.join("runs", f"compare_{study.name}"
+                                  + ("" if size == "full" else f"_{size}"))
     seeds = tuple(int(s) for s in a.seeds.split(",")) if a.seeds else None
     t0 = time.perf_counter()
     results = runner.run_study(study, size, a.out, run,

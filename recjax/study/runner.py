@@ -6,8 +6,9 @@ The algorithms are reached through the `run` function the entry point passes in
 (``algorithms.run``: the registry's checks, checkpoint segments, no Ray process left), since
 `recjax` imports no algorithm. Files under ``out``:
 
-* ``<dataset>/segments.jsonl``: one record per finished segment (seed, arm, phase, chunk, step,
-  the metric, the counters); a segment with a record is not run again;
+* ``<dataset>/segments.jsonl``: one record per finished segment (seed, arm, phase, chunk, a
+  fingerprint of its settings, step, the metric, the counters); a segment with a record is not
+  run again, and a record of other settings (another size, an edited study file) is an error;
 * ``work/<dataset>/seed<S>/<arm>``: the run directories (checkpoints, the last summary.json);
   an arm starts as a copy of its seed's ``base`` (copied to a temporary name, then renamed), a
   switch back as a copy of the arm at chunk ``back_at``.
@@ -18,6 +19,7 @@ checkpoint reached its step before its record was written is read back from its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -58,6 +60,15 @@ def segment_config(study: Study, size: Size, data: dict, arm: Arm, seed: int, ou
     return apply_overrides(configs.get(name),
                            [(k, v if isinstance(v, str) else json.dumps(v).strip('"'))
                             for k, v in pairs.items()])
+
+
+def fingerprint(cfg: Config) -> str:
+    """A short hash of a segment's settings (all but where it writes and whether it resumes):
+    a record is reused only for the same settings."""
+    d = json.loads(json.dumps(cfg.to_dict()))
+    for k in ("out", "resume", "progress"):
+        d["train"].pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _record(summary: dict, study: Study) -> dict:
@@ -150,17 +161,23 @@ class _Segments:
         self.run, self.log = run, log
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.rows = _load(path)
-        self.done = {(r["seed"], r["arm"], r["phase"], r["chunk"]) for r in self.rows}
+        self.done = {(r["seed"], r["arm"], r["phase"], r["chunk"]): r.get("config")
+                     for r in self.rows}
 
     def __call__(self, seed: int, arm: str, phase: str, chunk: int, d: str, steps: int,
                  settings: Arm) -> None:
-        if (seed, arm, phase, chunk) in self.done:
-            return
-        t = time.perf_counter()
         resume = bool(committed_steps(os.path.join(d, "checkpoints")))
         cfg = segment_config(self.study, self.size, self.data, settings, seed, d, steps, resume)
+        key = (seed, arm, phase, chunk)
+        if key in self.done:
+            if self.done[key] != fingerprint(cfg):  # another size, or an edited study file
+                raise ValueError(f"{self.path} holds {arm} {phase} chunk {chunk} of seed {seed} "
+                                 "run under other settings (another size, or the study file "
+                                 "changed since); use another --out, or delete that one")
+            return
+        t = time.perf_counter()
         row = {"seed": seed, "arm": arm, "phase": phase, "chunk": chunk,
-               **_run_segment(self.run, cfg, self.study),
+               "config": fingerprint(cfg), **_run_segment(self.run, cfg, self.study),
                "secs": round(time.perf_counter() - t, 3)}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
