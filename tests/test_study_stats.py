@@ -39,10 +39,14 @@ def test_a_less_claim(diffs, want):
     assert verdict("greater", 0.0034, [-d for d in diffs])[0] == want
 
 
-def test_held_needs_the_papers_side_not_its_size():
-    # an effect of the paper's sign but a tenth of its size, resolved: held (and smaller)
+def test_a_resolved_effect_far_smaller_than_the_papers_did_not_hold():
+    # the paper's sign but a tenth of its size, resolved: the interval excludes both 0 and the
+    # paper's effect; the claim is the effect's size, so it did not hold
     v, p = verdict("less", -0.0034, [-0.0003, -0.0004, -0.0003, -0.0004])
-    assert v == HELD and p.hi < 0 and p.lo > -0.0034
+    assert v == NOT_HELD and p.hi < 0 and p.lo > -0.0034
+    # an interval that reaches the paper's effect and excludes 0: held
+    v, p = verdict("less", -0.0034, [-0.001, -0.004, -0.0025, -0.0032])
+    assert v == HELD and p.lo < -0.0034 < p.hi < 0
 
 
 @pytest.mark.parametrize("diffs,want", [

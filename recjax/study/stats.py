@@ -9,9 +9,12 @@ seed), so its evidence for a claim is the per-seed difference ``d_s = arm_s - re
 `verdict` says what the data can say about a claim the paper makes:
 
 * ``less`` / ``greater`` (the arm is below / above the reference by about the paper's
-  `effect`): **held** when the (1 - alpha) interval excludes 0 on the paper's side; **did not
-  hold** only when it excludes the paper's effect (the data rule an effect that large out);
-  otherwise **unresolved**.
+  `effect`): **did not hold** when the (1 - alpha) interval excludes the paper's effect on the
+  side of no effect (the data rule an effect that large out, even where they show a smaller one
+  of the paper's sign: the claim is its size); **held** when the interval excludes 0 on the
+  paper's side (and so does not rule the paper's effect out); otherwise **unresolved**. Two seed
+  sets of the GBA study disagreed under the first draft of this rule, which called "held" an
+  interval that excluded both 0 and the paper's effect.
 * ``within`` (the arm is within ``+-effect`` of the reference, e.g. "GBA within 0.001 AUC of
   sync"): an equivalence test (two one-sided tests): **held** when the (1 - 2 alpha) interval
   lies inside ``(-effect, effect)``; **did not hold** when the (1 - alpha) interval lies wholly
@@ -90,8 +93,8 @@ def verdict(kind: str, effect: float, diffs: Sequence[float], alpha: float = 0.0
         if p.lo > effect or p.hi < -effect:
             return NOT_HELD, p
         return UNRESOLVED, p
-    if (kind == "less" and p.hi < 0) or (kind == "greater" and p.lo > 0):
-        return HELD, p
     if (kind == "less" and p.lo > effect) or (kind == "greater" and p.hi < effect):
         return NOT_HELD, p
+    if (kind == "less" and p.hi < 0) or (kind == "greater" and p.lo > 0):
+        return HELD, p
     return UNRESOLVED, p
