@@ -93,6 +93,7 @@ def _orbax_quiet() -> Iterator[None]:
     finally:
         absl_logging.set_verbosity(level)
 
+
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's mark of a step directory not (or no longer) committed
 
 

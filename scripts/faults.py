@@ -122,8 +122,8 @@ def out_policy_cases(work: pathlib.Path, timeout: float) -> dict:
                            timeout=timeout)
         cases.append({"case": name, "refused": r.returncode != 0 and "Traceback" not in r.stderr,
                       "files_changed": files(out) != before})
-    left = [p.pid for p in psutil.process_iter(["cmdline"])
-            if any("--spmd.process_id" in c for c in (p.info["cmdline"] or []))]
+    left = [p.pid for p in psutil.process_iter(["cmdline"])  # this check's processes only
+            if any(str(work) in c for c in (p.info["cmdline"] or []))]
     return {"cases": cases, "refused": sum(c["refused"] for c in cases),
             "files_changed": sum(c["files_changed"] for c in cases), "processes_left": len(left)}
 
