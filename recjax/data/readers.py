@@ -40,6 +40,7 @@ HOUR_VOCAB, WEEKDAY_VOCAB = 24, 7  # exact vocabularies of the time-derived fiel
 _SEPARATOR_NAMES = {b"\t": "tab", b",": "comma", None: "whitespace"}
 _INT_CHARS = b"0123456789-"
 _HEX_CHARS = b"0123456789abcdef"
+_WHITESPACE = b" \t\n\r\x0b\x0c"  # what bytes.strip() removes
 _INT_RE = re.compile(rb"-?[0-9]+")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark, written first by some Windows tools
@@ -161,13 +162,15 @@ def check_hex(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
 def check_text(tokens: Sequence[bytes], field: str, bad: Problems) -> None:
     """Every token is UTF-8 text without NUL bytes (either means a corrupt or binary file; a NUL
     would otherwise be hashed into a category of its own) and without leading or trailing
-    whitespace (``"79 "`` would be hashed as a category apart from ``"79"``)."""
-    for i, t in enumerate(tokens):
-        if t != t.strip():
-            bad.add(i, field, f"whitespace around a category: got {show(t)}; categories are "
-                              "compared byte for byte, so it would be a category of its own: "
-                              "remove the spaces")
+    whitespace (``"79 "`` would be hashed as a category apart from ``"79"``). Each check looks
+    at the column's joined bytes first and at single tokens only when those hold a suspect."""
     joined = b"".join(tokens)
+    if joined.translate(None, _WHITESPACE) != joined:  # a space somewhere: which token's edge?
+        for i, t in enumerate(tokens):
+            if t != t.strip():
+                bad.add(i, field, f"whitespace around a category: got {show(t)}; categories "
+                                  "are compared byte for byte, so it would be a category of "
+                                  "its own: remove the spaces")
     if b"\x00" not in joined:
         try:
             joined.decode("utf-8")
