@@ -120,8 +120,7 @@ def flat_scalars(d: dict, prefix: str = "") -> dict:
 
 
 _MODES = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-          "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND,
-          "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}
+          "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a+": os.O_RDWR | os.O_CREAT | os.O_APPEND}
 
 
 def open_run_file(path: str, mode: str):

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from recjax import compile_cache, configs
 from recjax.config import Config, apply_overrides
 from recjax.data.sources import DataError, resolve_path
+from recjax.runlog import read_summary
 from recjax.study.spec import Arm, Size, Study
 from recjax.train.contract import committed_steps
 
@@ -92,11 +93,9 @@ def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
     """Run one segment, or read it back if its checkpoint already reached its step."""
     out, steps = cfg.train.out, cfg.train.steps
     done = committed_steps(os.path.join(out, "checkpoints"))
-    summary_path = os.path.join(out, "summary.json")
-    if done and done[-1] >= steps and os.path.exists(summary_path):
-        with open(summary_path) as f:
-            s = json.load(f)
-        if s.get("steps") == steps:
+    if done and done[-1] >= steps:
+        s, _ = read_summary(os.path.join(out, "summary.json"))
+        if s is not None and s["steps"] == steps:
             return _record(s, study)
     return _record(run(cfg), study)
 
