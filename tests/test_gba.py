@@ -4,6 +4,7 @@ Equal speeds here means no stragglers, the same modelled compute per batch and f
 (infinite bandwidth), so that workers finish each batch at the same virtual instant.
 """
 
+import contextlib
 import dataclasses
 import heapq
 
@@ -245,25 +246,34 @@ def test_sync_to_gba_to_sync_through_one_out(tmp_path):
         assert abs(drift) <= 3 * sigma, (switch, drift, sigma, before, after)
 
 
+@contextlib.contextmanager
+def _server(cfg):
+    """A `GbaServer` on its own `Runtime` for `cfg`, and one batch's gradients at its params:
+    ``(rt, server, rows, dense grads, row sums)``; the runtime is closed afterwards."""
+    from algorithms.runtime import Runtime
+
+    p = gba.plan(cfg)
+    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
+    try:
+        server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
+        local, rows = rt.warm_batch
+        _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+        yield rt, server, rows, g, sums
+    finally:
+        rt.close()
+
+
 def test_rows_dropped_by_their_last_update_leave_the_tables_alone():
     """App. B's per-id rule (embedding_staleness=id): a row updated at global step 5 is stale
     for a batch with token 0 when iota = 0, whatever k is; a table whose rows are all dropped
     gets no update (and no crash on the empty aggregate)."""
-    from algorithms.runtime import Runtime
-
-    cfg = cfg_gba("gba", steps=1, iota=0)
-    p = gba.plan(cfg)
-    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
-    server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
-    local, rows = rt.warm_batch
-    _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
-    before = rt.ps.snapshot()[0]
-    for name, (ids, n) in rows.items():
-        server.tag.set(name, ids[:n], 5)
-    server._apply_rows([gba.Grad(0, 0, 0, 0, g, rows, sums)] * 2, 2)
-    assert server.stats.dropped_rows == 2 * sum(n for _, n in rows.values())
-    np.testing.assert_equal(rt.ps.snapshot()[0], before)
-    rt.close()
+    with _server(cfg_gba("gba", steps=1, iota=0)) as (rt, server, rows, g, sums):
+        before = rt.ps.snapshot()[0]
+        for name, (ids, n) in rows.items():
+            server.tag.set(name, ids[:n], 5)
+        server._apply_rows([gba.Grad(0, 0, 0, 0, g, rows, sums)] * 2, 2)
+        assert server.stats.dropped_rows == 2 * sum(n for _, n in rows.values())
+        np.testing.assert_equal(rt.ps.snapshot()[0], before)
 
 
 @pytest.mark.parametrize("mode,after", [("sync", 3), ("hop_bw", 3), ("hop_bs", 3), ("gba", 4),
@@ -272,15 +282,8 @@ def test_a_lost_worker_lowers_the_aggregate_of_the_modes_that_wait_for_all(mode,
     """`GbaServer.lose` (a worker's process died under --backend ray): sync, hop_bw and hop_bs
     wait for all N workers, so they aggregate N - 1 from then on and a buffer already holding
     N - 1 gradients is applied at once; gba (M entries) and bsp (b2) do not depend on N."""
-    from algorithms.runtime import Runtime
-
     cfg = cfg_gba(mode, steps=2, workers=4, local=16, b2=4, b3=0)
-    p = gba.plan(cfg)
-    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
-    try:
-        server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
-        local, rows = rt.warm_batch
-        _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+    with _server(cfg) as (_, server, rows, g, sums):
         for w in range(3):
             _, version = server.pull(w)
             server.push(gba.Grad(w, w, 0, version, g, rows, sums))
@@ -291,8 +294,6 @@ def test_a_lost_worker_lowers_the_aggregate_of_the_modes_that_wait_for_all(mode,
         assert server.aggregate == after and server.lost == [3] and 3 not in server.active
         assert server.stats.updates == (1 if after == 3 else 0)
         assert server.may_start(0)  # nobody waits for the lost worker
-    finally:
-        rt.close()
 
 
 def test_every_mode_is_a_row_of_the_rule_table():
@@ -307,15 +308,8 @@ def _update_of(staleness, tagged_at=4):
     """One update at k = 5, iota = 1, of 4 gradients of one batch scaled 1, 2, 3, 4 with tokens
     5, 5, 5, 2 (the last one's dense part is Eq. 1-stale: 5 - 2 > 1); the first half of each
     table's ids last updated at step `tagged_at`. Returns (row deltas, ids, half, stats)."""
-    from algorithms.runtime import Runtime
-
     cfg = cfg_gba("gba", steps=1, iota=1, embedding_staleness=staleness)
-    p = gba.plan(cfg)
-    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
-    try:
-        server = gba.GbaServer(rt, p, rt.init_state.params, rt.init_state.opt_state)
-        local, rows = rt.warm_batch
-        _, g, sums = rt.grads_rows(server.params, rt.ps.pull(rows), local)
+    with _server(cfg) as (rt, server, rows, g, sums):
         half = {name: n // 2 for name, (_, n) in rows.items()}
         for name, (ids, _) in rows.items():
             server.tag.set(name, ids[:half[name]], tagged_at)
@@ -327,8 +321,6 @@ def _update_of(staleness, tagged_at=4):
         after = rt.ps.snapshot()[0]
         deltas = {k: np.asarray(after[k]) - np.asarray(before[k]) for k in after}
         return deltas, rows, half, server.stats
-    finally:
-        rt.close()
 
 
 def test_the_per_id_rule_judges_rows_apart_from_the_dense_part():
