@@ -37,6 +37,27 @@ def ray_processes(mark: str) -> list[str]:
     return out
 
 
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def listening(mark: str) -> list[tuple[str, int, str]]:
+    """(ip, port, process name) of every TCP socket listening in a process marked `mark`."""
+    import psutil
+
+    out = []
+    for line in ray_processes(mark):
+        pid = int(line.split(":")[0])
+        try:
+            proc = psutil.Process(pid)
+            conns = getattr(proc, "net_connections", proc.connections)(kind="tcp")
+            name = proc.name()
+        except psutil.Error:  # exited meanwhile
+            continue
+        out += [(c.laddr.ip, c.laddr.port, name) for c in conns
+                if c.status == psutil.CONN_LISTEN]
+    return out
+
+
 def _train(args: list[str], mark: str, log) -> subprocess.Popen:
     """scripts/train.py in a subprocess marked `mark`, its output into the file `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", RECJAX_TEST_MARK=mark)
@@ -80,7 +101,8 @@ def test_cli_run_leaves_no_process(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
-    """SIGINT mid-run: exit 130, a checkpoint that threads resume, no Ray process left."""
+    """SIGINT mid-run: exit 130, a checkpoint that threads resume, no Ray process left; and
+    while it runs, no process of the local instance listens on a non-loopback address."""
     mark = f"sigint-{os.getpid()}-{time.time()}"
     out, log_path = tmp_path / "run", tmp_path / "log"
     with open(log_path, "w") as log:
@@ -94,6 +116,11 @@ def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
             break
         time.sleep(0.5)
     time.sleep(2)
+    # the local instance faces no network: GCS, raylet, workers, actors and the metrics
+    # endpoint listen on loopback only (ray 2.60 otherwise binds :: and 0.0.0.0)
+    ports = listening(mark)
+    assert len(ports) >= 4, ports  # GCS, raylet, the actors: the listing itself works
+    assert [x for x in ports if x[0] not in LOOPBACK] == [], ports
     p.send_signal(signal.SIGINT)
     log = _finish(p, log_path, 120)
     assert p.returncode == 130, log

@@ -79,6 +79,34 @@ def _ray():
     return ray
 
 
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def _loopback_node():
+    """Keep a local instance's node address at 127.0.0.1 while it starts.
+
+    Ray 2.60's ``ray.init`` turns a node address of 127.0.0.1 into the host's routable one
+    (``ray._private.services.resolve_ip_for_localhost``), and GCS, the raylet, every worker's
+    gRPC server and the autoscaler's metrics endpoint then listen on every interface (``::``,
+    ``0.0.0.0``). With the address kept, each of them binds 127.0.0.1 only: a local instance
+    talks to no other host (tests/test_ray_processes.py lists its listening sockets). Should a
+    later Ray drop the function, the address is passed as it is and that test says whether the
+    servers still face the network.
+    """
+    from ray._private import services
+
+    resolve = getattr(services, "resolve_ip_for_localhost", None)
+    if resolve is None:
+        yield
+        return
+    services.resolve_ip_for_localhost = lambda host: host
+    try:
+        yield
+    finally:
+        services.resolve_ip_for_localhost = resolve
+
+
 def parse_kill(spec: str) -> dict[tuple[str, int], int]:
     """``worker:W@I,ps:S@I`` -> ``{(kind, index): iteration}``.
 
@@ -128,10 +156,13 @@ class Cluster:
                 ray.init(address=rc.address, runtime_env=env, logging_level=logging.WARNING)
             else:
                 path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-                # "local": a new instance even when `ray start` left one on this host
-                ray.init(address="local", num_cpus=rc.num_cpus or None, include_dashboard=False,
-                         logging_level=logging.WARNING, _system_config=system_config(rc),
-                         runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
+                # "local": a new instance even when `ray start` left one on this host;
+                # reachable from this host only (`_loopback_node`)
+                with _loopback_node():
+                    ray.init(address="local", num_cpus=rc.num_cpus or None,
+                             include_dashboard=False, logging_level=logging.WARNING,
+                             _node_ip_address=LOOPBACK, _system_config=system_config(rc),
+                             runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
             self.started = True
             _CLUSTERS.append(self)
 
