@@ -1,12 +1,15 @@
 """The study kit: a paper's claims as a declarative file (arms, sizes, claims), run as arms x
-seeds from shared checkpoints, scored by paired intervals (DESIGN.md section 6).
+seeds from shared checkpoints (or from scratch), scored by paired intervals (DESIGN.md
+section 6).
 
     python scripts/compare.py gba --quick          # scripts/studies/gba.py through this kit
+    python scripts/compare.py persia --quick       # scripts/studies/persia.py
 
-* `spec`: `Study`, `Arm`, `Size`, `Claim` (what a study file declares);
+* `spec`: `Study`, `Arm`, `Size`, `Sweep`, `Claim` (what a study file declares);
 * `runner`: `run_study`, the segments with skip/resume;
 * `stats`: `paired`, `verdict` (held / did not hold / unresolved, with the MDE);
-* `report`: markdown tables, verdicts, figure.
+* `report`: markdown tables, verdicts, figure, the generated section of a doc;
+* `data`: facts about a study's data (`id_alpha`) for ``Study.describe``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import os
 import runpy
 import time
 
-from recjax.study.spec import Arm, Claim, Size, Study
+from recjax.study.spec import Arm, Claim, Size, Study, Sweep
 
-__all__ = ["Arm", "Claim", "Size", "Study", "load", "main"]
+__all__ = ["Arm", "Claim", "Size", "Study", "Sweep", "load", "main"]
 
 
 def load(path: str) -> Study:
@@ -31,7 +34,8 @@ def load(path: str) -> Study:
 
 
 def main(study: Study, argv: list[str], run) -> int:
-    """``compare.py NAME [--quick | --smoke] [--seeds 0,1] [--datasets a,b] [--out DIR]``.
+    """``compare.py NAME [--quick | --smoke] [--seeds 0,1] [--datasets a,b] [--out DIR]
+    [--doc docs/NAME.md]``.
 
     Args:
       run: ``algorithms.run`` (passed in: the library imports no algorithm).
@@ -48,6 +52,10 @@ def main(study: Study, argv: list[str], run) -> int:
                    "finished segments")
     p.add_argument("--data", help="folder the relative data paths are under (default "
                    "$RECJAX_DATA, else ../shared/data next to the checkout)")
+    p.add_argument("--doc", help="also write the report into this markdown file (e.g. "
+                   f"docs/{study.name}.md) between <!-- {study.name}-study:begin --> and "
+                   f"<!-- {study.name}-study:end -->, the rest kept, and the figure next to it "
+                   f"({study.name}_study.svg/png)")
     a = p.parse_args(argv)
     if a.data:
         os.environ["RECJAX_DATA"] = a.data
@@ -59,16 +67,24 @@ def main(study: Study, argv: list[str], run) -> int:
     results = runner.run_study(study, size, a.out, run,
                                a.datasets.split(",") if a.datasets else None, seeds,
                                log=lambda s: print(s, flush=True))
+    facts = {ds: runner.describe(study, size, ds) for ds in results} if study.describe else {}
     secs = time.perf_counter() - t0
     command = " ".join(["python scripts/compare.py", study.name, *argv])
     base = os.path.join(a.out, f"{study.name}_study")
-    verdicts = {ds: report.verdicts(study, rows) for ds, rows in results.items()}
+    verdicts = {ds: report.verdicts(study, rows, ds) for ds, rows in results.items()}
     with open(base + ".json", "w") as f:
         json.dump({"command": command, "seconds": secs, "size": size, "results": results,
-                   "verdicts": verdicts}, f, indent=1)
+                   "verdicts": verdicts, **({"data": facts} if facts else {})}, f, indent=1)
     with open(base + ".md", "w") as f:
-        f.write(report.markdown(study, results, command, secs))
+        f.write(report.markdown(study, results, command, secs, facts))
     if results:
         report.figure(study, results, base)
     print(f"wrote {base}.{{json,md,svg,png}} ({secs:.0f} s)")
+    if a.doc:
+        report.write_doc(a.doc, study.name, report.markdown(study, results, command, secs, facts,
+                                                            title=False))
+        if results:
+            report.figure(study, results, os.path.join(os.path.dirname(a.doc) or ".",
+                                                       f"{study.name}_study"))
+        print(f"wrote {a.doc} (between its {study.name}-study markers) and its figure")
     return 0

@@ -9,6 +9,8 @@ paper's effect, our mean paired difference with its interval, the MDE, the seeds
 from __future__ import annotations
 
 import math
+import os
+import pathlib
 import statistics
 
 from recjax.study.spec import Claim, Study
@@ -34,28 +36,42 @@ def trajectory(rows: list[dict], arm: str, phase: str, metric: str, seed: int | 
 
 def claim_diffs(study: Study, rows: list[dict], claim: Claim) -> list[float]:
     """Per seed: the mean over the phase's chunks of ``arm - reference`` (the reference arm
-    never switches: in the back phase it is its own forward run on the same chunks)."""
+    never switches: in the back phase it is its own forward run on the same chunks); for a
+    ratio claim, of ``log(arm / reference)``."""
     out = []
+    m = claim.metric or study.metric
     for seed in sorted({r["seed"] for r in rows}):
-        a = trajectory(rows, claim.arm, claim.phase, study.metric, seed)
+        a = trajectory(rows, claim.arm, claim.phase, m, seed)
         ref_phase = "forward" if claim.reference == study.reference else claim.phase
-        b = trajectory(rows, claim.reference, ref_phase, study.metric, seed)
+        b = trajectory(rows, claim.reference, ref_phase, m, seed)
         common = sorted(set(a) & set(b))
         if common:
-            out.append(statistics.fmean(a[c] - b[c] for c in common))
+            out.append(statistics.fmean(math.log(a[c] / b[c]) if claim.scale == "ratio"
+                                        else a[c] - b[c] for c in common))
     return out
 
 
-def verdicts(study: Study, rows: list[dict]) -> list[dict]:
+def verdicts(study: Study, rows: list[dict], dataset: str | None = None) -> list[dict]:
+    """One record per claim scored on `dataset` (a claim naming datasets skips the others)
+    that has paired seeds; a ratio claim's numbers are ratios (the geometric mean over seeds,
+    its interval, the MDE as a factor)."""
     out = []
     for c in study.claims:
+        if dataset is not None and c.datasets and dataset not in c.datasets:
+            continue
         d = claim_diffs(study, rows, c)
         if not d:
             continue
-        v, p = verdict(c.kind, c.effect, d)
+        ratio = c.scale == "ratio"
+        effect = math.log(c.effect) if ratio and c.effect is not None else c.effect
+        v, p = verdict(c.kind, effect, d)
+        back = (lambda x: math.exp(x) if math.isfinite(x) else x) if ratio else (lambda x: x)
         out.append({"claim": c.text, "source": c.source, "kind": c.kind, "paper": c.effect,
-                    "phase": c.phase, "n": p.n, "mean": p.mean, "lo": p.lo, "hi": p.hi,
-                    "mde": p.mde, "verdict": v, "diffs": d})
+                    "phase": c.phase, "n": p.n, "mean": back(p.mean), "lo": back(p.lo),
+                    "hi": back(p.hi), "mde": back(p.mde), "verdict": v,
+                    "diffs": [back(x) for x in d],
+                    **({"metric": c.metric} if c.metric else {}),
+                    **({"scale": c.scale} if ratio else {})})
     return out
 
 
@@ -89,28 +105,158 @@ def counters(study: Study, rows: list[dict], arm: str) -> dict:
     return out
 
 
-def markdown(study: Study, results: dict[str, list[dict]], command: str, seconds: float) -> str:
-    """The study's report."""
-    m = study.metric
-    out = [f"# {study.title}", "", f"`{command}`, {seconds:.0f} s.", ""]
+def _by_seed(rows: list[dict], arm: str, key: str) -> dict[int, float]:
+    """seed -> the mean of `key` over the arm's forward chunks (seeds without it left out)."""
+    out = {}
+    for seed in sorted({r["seed"] for r in rows}):
+        xs = [r[key] for r in rows if r["arm"] == arm and r["phase"] == "forward"
+              and r["seed"] == seed and r.get(key) is not None]
+        if xs:
+            out[seed] = statistics.fmean(xs)
+    return out
+
+
+def _per_seed(rows: list[dict], arm: str, key: str) -> list[float]:
+    return list(_by_seed(rows, arm, key).values())
+
+
+def _fmt(xs: list[float]) -> str:
+    return ",.0f" if xs and min(abs(x) for x in xs) >= 100 else ".4f"
+
+
+def _ms(xs: list[float], fmt: str = "") -> str:
+    """``mean ± sd`` of `xs` (the mean alone for one value; - for none)."""
+    if not xs:
+        return "-"
+    fmt = fmt or _fmt(xs)
+    mean = format(statistics.fmean(xs), fmt)
+    return mean if len(xs) < 2 else f"{mean} ± {format(statistics.stdev(xs), fmt.strip('+'))}"
+
+
+def _facts(facts: dict) -> dict:
+    """The scalar facts of a dataset, formatted (lists and tables stay in the JSON)."""
+    return {k: (f"{v:.3f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v))
+            for k, v in facts.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+
+
+def _paired_ms(rows: list[dict], arm: str, ref: str, key: str) -> str:
+    """``mean ± sd`` over seeds of ``arm - ref``."""
+    a, b = _by_seed(rows, arm, key), _by_seed(rows, ref, key)
+    return _ms([a[s] - b[s] for s in a if s in b], "+.4f")
+
+
+def _row(cells: list) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _overview(study: Study, results: dict[str, list[dict]], facts: dict) -> list[str]:
+    arms = [a.name for a in study.arms if not a.datasets]
+    keys = list(dict.fromkeys(k for ds in results for k in _facts(facts.get(ds) or {})))
+    out = ["", f"## Every dataset: {study.metric} per arm (mean ± sd over seeds)", "",
+           "| dataset | " + "".join(f"{k} | " for k in keys) + "seeds | " + " | ".join(arms) + " |",
+           "|---|" + "---|" * (len(keys) + 1 + len(arms))]
+    for ds, rows in results.items():
+        f = _facts(facts.get(ds) or {})
+        out.append(f"| {ds} | " + "".join(f"{f.get(k, '-')} | " for k in keys)
+                   + f"{len({r['seed'] for r in rows})} | "
+                   + " | ".join(_ms(_per_seed(rows, a, study.metric)) for a in arms) + " |")
+    return out
+
+
+def _counter_table(study: Study, rows: list[dict], arms) -> tuple[list[str], dict[str, list]]:
+    """``(keys, {arm: cells})``: the counters of the `arms` that have any, formatted; a counter
+    no arm has is left out."""
+    per = {a.name: counters(study, rows, a.name) for a in arms}
+    per = {a: c for a, c in per.items() if c}
+    keys = [k for k in study.counters if any(c.get(k) is not None for c in per.values())]
+    return keys, {a: [(f"{_f(v[0], '.2f')} ({v[1]})" if isinstance(v, tuple) else _f(v, ",.0f"))
+                      if v is not None else "-" for v in (c.get(k) for k in keys)]
+                  for a, c in per.items()}
+
+
+def _claims(study: Study, rows: list[dict], ds: str) -> list[str]:
+    vs = verdicts(study, rows, ds)
+    if not vs:
+        return []
+    out = ["", "### Claims", "", "| claim | paper | ours: mean [95% CI] | MDE | seeds | verdict |",
+           "|---|---|---|---|---|---|"]
+    for v in vs:
+        ratio = v.get("scale") == "ratio"
+        x = (lambda y: "-" if not math.isfinite(y) else f"x{y:.2f}") if ratio else (
+            lambda y: _f(y, "+.4f"))
+        if v["kind"] == "within":
+            paper = f"within +-{v['paper']:g}"
+        elif v["paper"] is None:
+            paper = ("below" if v["kind"] == "less" else "above") + (" x1" if ratio else " 0")
+        else:
+            paper = f"x{v['paper']:.2f}" if ratio else f"{v['paper']:+.4f}"
+        mde = (f"x{v['mde']:.2f}" if math.isfinite(v["mde"]) else "-") if ratio else _f(v["mde"])
+        mean = f"x{v['mean']:.2f}" if ratio else f"{v['mean']:+.4f}"
+        out.append(f"| {v['claim']} | {paper} ({v['source']}) | {mean} [{x(v['lo'])}, "
+                   f"{x(v['hi'])}] | {mde} | {v['n']} | **{v['verdict']}** |")
+    out += ["", "Verdicts: held when the interval excludes 0 on the paper's side (within: "
+            "the 90% interval inside the margin); did not hold only when it excludes the "
+            "paper's effect; otherwise unresolved, and the MDE says what effect these "
+            "seeds could detect (recjax/study/stats.py)."]
+    if any(v.get("scale") == "ratio" for v in vs) or any(v["paper"] is None for v in vs):
+        out[-1] += (" Ratios (x): the geometric mean over seeds of arm / reference, scored as "
+                    "log ratios. A claim with a direction and no size (above / below) did not "
+                    "hold only when the interval lies wholly on the other side.")
+    return out
+
+
+def markdown(study: Study, results: dict[str, list[dict]], command: str, seconds: float,
+             facts: dict | None = None, title: bool = True) -> str:
+    """The study's report (`facts`: dataset -> `Study.describe`'s dict; `title`: the first
+    heading, which a doc section leaves out)."""
+    m, facts = study.metric, facts or {}
+    out = ([f"# {study.title}", ""] if title else []) + [f"`{command}`, {seconds:.0f} s.", ""]
     if study.notes:
         out += [study.notes, ""]
+    if study.overview and results:
+        out = out[:-1] + _overview(study, results, facts) + [""]
     for ds, rows in results.items():
         seeds = sorted({r["seed"] for r in rows})
         chunks = sorted({r["chunk"] for r in rows if r["phase"] == "forward"})
-        out += [f"## {ds}", "", f"Seeds {', '.join(map(str, seeds))}; each starts every arm "
-                f"from its own base run (`{study.reference}`); cells are means over the seeds.",
-                "", f"### {m} after each chunk", "",
-                "| arm | " + " | ".join(f"chunk {c}" for c in chunks) + f" | avg - {study.reference} |",
-                "|---|" + "---|" * (len(chunks) + 1)]
-        ref = trajectory(rows, study.reference, "forward", m)
-        for a in study.arms:
-            t = trajectory(rows, a.name, "forward", m)
-            d = [t[c] - ref[c] for c in chunks if c in t and c in ref]
-            out.append(f"| {a.name} | " + " | ".join(_f(t.get(c)) for c in chunks)
-                       + f" | {_f(statistics.fmean(d) if d else None, '+.4f')} |")
+        start = (f"each starts every arm from its own base run (`{study.reference}`)"
+                 if any(r["phase"] == "base" for r in rows) else
+                 "every arm trains from scratch (a seed fixes the init, the data order and the "
+                 "eval rows of every arm)")
+        out += [f"## {ds}", "", f"Seeds {', '.join(map(str, seeds))}; {start}; cells are means "
+                "over the seeds."]
+        if _facts(facts.get(ds) or {}):
+            out += ["", "Data: " + ", ".join(f"{k} {v}" for k, v in _facts(facts[ds]).items())
+                    + "."]
+        ran = {r["arm"] for r in rows}
+        arms = [a for a in study.arms if a.name in ran]
+        if len(chunks) == 1 or study.metrics:
+            keys = [m, *study.metrics]
+            fmts = {k: _fmt([x for a in arms for x in _per_seed(rows, a.name, k)]) for k in keys}
+            out += ["", "### Per arm (mean ± sd over seeds" + (", over its chunks" if len(chunks) > 1
+                                                              else "") + ")", "",
+                    _row(["arm", m, f"- {study.reference} (paired)", *study.metrics]),
+                    "|---|" + "---|" * (len(keys) + 1)]
+            for a in arms:
+                out.append(_row([a.name, _ms(_per_seed(rows, a.name, m), fmts[m]),
+                                 "-" if a.name == study.reference
+                                 else _paired_ms(rows, a.name, study.reference, m),
+                                 *(_ms(_per_seed(rows, a.name, k), fmts[k])
+                                   for k in study.metrics)]))
+        if len(chunks) > 1:
+            out += ["", f"### {m} after each chunk", "",
+                    "| arm | " + " | ".join(f"chunk {c}" for c in chunks)
+                    + f" | avg - {study.reference} |", "|---|" + "---|" * (len(chunks) + 1)]
+            ref = trajectory(rows, study.reference, "forward", m)
+            for a in study.arms:
+                if a.datasets and ds not in a.datasets:
+                    continue
+                t = trajectory(rows, a.name, "forward", m)
+                d = [t[c] - ref[c] for c in chunks if c in t and c in ref]
+                out.append(f"| {a.name} | " + " | ".join(_f(t.get(c)) for c in chunks)
+                           + f" | {_f(statistics.fmean(d) if d else None, '+.4f')} |")
         back = sorted({r["chunk"] for r in rows if r["phase"] == "back"})
         if back:
+            ref = trajectory(rows, study.reference, "forward", m)
             out += ["", f"### {m} after switching back to `{study.reference}`", "",
                     f"| arm -> {study.reference} | " + " | ".join(f"chunk {c}" for c in back)
                     + f" | avg - {study.reference} |", "|---|" + "---|" * (len(back) + 1),
@@ -123,47 +269,41 @@ def markdown(study: Study, results: dict[str, list[dict]], command: str, seconds
                 d = [t[c] - ref[c] for c in back if c in t and c in ref]
                 out.append(f"| {a.name} | " + " | ".join(_f(t.get(c)) for c in back)
                            + f" | {_f(statistics.fmean(d) if d else None, '+.4f')} |")
-        if study.counters:
-            out += ["", "### Counters over the chunks after the switch (mean over seeds; "
-                    "histograms: mean (max))", "",
-                    "| arm | " + " | ".join(study.counters) + " |",
-                    "|---|" + "---|" * len(study.counters)]
-            for a in study.arms:
-                c = counters(study, rows, a.name)
-                if not c:
-                    continue
-                cells = [(f"{_f(v[0], '.2f')} ({v[1]})" if isinstance(v, tuple)
-                          else _f(v, ",.0f")) if v is not None else "-"
-                         for v in (c.get(k) for k in study.counters)]
-                out.append(f"| {a.name} | " + " | ".join(cells) + " |")
-        vs = verdicts(study, rows)
-        if vs:
-            out += ["", "### Claims", "",
-                    "| claim | paper | ours: mean [95% CI] | MDE | seeds | verdict |",
-                    "|---|---|---|---|---|---|"]
-            for v in vs:
-                paper = (f"within +-{v['paper']:g}" if v["kind"] == "within"
-                         else f"{v['paper']:+.4f}") + f" ({v['source']})"
-                out.append(f"| {v['claim']} | {paper} | {v['mean']:+.4f} [{_f(v['lo'], '+.4f')}, "
-                           f"{_f(v['hi'], '+.4f')}] | {_f(v['mde'])} | {v['n']} | "
-                           f"**{v['verdict']}** |")
-            out += ["", "Verdicts: held when the interval excludes 0 on the paper's side (within: "
-                    "the 90% interval inside the margin); did not hold only when it excludes the "
-                    "paper's effect; otherwise unresolved, and the MDE says what effect these "
-                    "seeds could detect (recjax/study/stats.py)."]
+        for sw in study.sweeps:
+            sarms = [a for a in sw.arms() if a.name in ran]
+            if not sarms:
+                continue
+            over = ", ".join(f"`{k}` {v}" for k, v in sw.overrides.items())
+            keys, cells = _counter_table(study, rows, sarms)
+            out += ["", f"### {m} against {sw.name} (`{sw.key}`" + (f"; {over}" if over else "")
+                    + ")", "", _row([sw.name, m, *keys]), "|---|---|" + "---|" * len(keys)]
+            for a in sarms:
+                out.append(_row([a.overrides[sw.key], _ms(_per_seed(rows, a.name, m), ".4f"),
+                                 *cells.get(a.name, ["-"] * len(keys))]))
+        keys, cells = _counter_table(study, rows, study.arms)
+        if cells:
+            after = ("over the chunks after the switch" if any(r["phase"] == "base" for r in rows)
+                     else "of each arm's run")
+            out += ["", f"### Counters {after} (mean over seeds; histograms: mean (max))", "",
+                    _row(["arm", *keys]), "|---|" + "---|" * len(keys)]
+            out += [_row([a, *c]) for a, c in cells.items()]
+        out += _claims(study, rows, ds)
         out.append("")
     return "\n".join(out)
 
 
 def figure(study: Study, results: dict[str, list[dict]], path: str) -> None:
     """The metric per chunk, one line per arm (mean over seeds); a second column for the switch
-    back; a row per dataset. Writes ``path.svg`` and ``path.png``."""
+    back; a row per dataset. Whole runs (one chunk): the metric per arm and against each sweep's
+    setting (mean ± sd). Writes ``path.svg`` and ``path.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.fonttype"] = "none"  # text as text: a small svg
     import matplotlib.pyplot as plt
 
+    if all(r["chunk"] <= 1 for rows in results.values() for r in rows):
+        return _figure_runs(study, results, path, plt)
     has_back = any(r["phase"] == "back" for rows in results.values() for r in rows)
     fig, axes = plt.subplots(len(results), 2 if has_back else 1,
                              figsize=(9 if has_back else 5, 3.2 * len(results)), squeeze=False)
@@ -192,3 +332,55 @@ def figure(study: Study, results: dict[str, list[dict]], path: str) -> None:
     fig.savefig(path + ".svg")
     fig.savefig(path + ".png", dpi=72)
     plt.close(fig)
+
+
+def _figure_runs(study: Study, results: dict[str, list[dict]], path: str, plt) -> None:
+    """Whole runs: per dataset, the metric per arm, then one panel per sweep (mean ± sd)."""
+    sweeps = [sw for sw in study.sweeps
+              if any(a.name == r["arm"] for a in sw.arms() for rows in results.values() for r in rows)]
+    fig, axes = plt.subplots(len(results), 1 + len(sweeps), squeeze=False,
+                             figsize=(4.5 * (1 + len(sweeps)), 2.8 * len(results)))
+    for row, (ds, rows) in zip(axes, results.items()):
+        arms = [a for a in study.arms if any(r["arm"] == a.name for r in rows)]
+        xs = [_per_seed(rows, a.name, study.metric) for a in arms]
+        row[0].errorbar(range(len(arms)), [statistics.fmean(x) for x in xs],
+                        yerr=[statistics.stdev(x) if len(x) > 1 else 0 for x in xs],
+                        fmt="o", capsize=3, color="k")
+        row[0].set_xticks(range(len(arms)), [a.label or a.name for a in arms], fontsize=7)
+        row[0].set_title(f"{ds}: {study.metric} per arm (mean ± sd)", fontsize=9)
+        for ax, sw in zip(row[1:], sweeps):
+            pts = [(a.overrides[sw.key], _per_seed(rows, a.name, study.metric)) for a in sw.arms()]
+            pts = [(v, x) for v, x in pts if x]
+            if not pts:
+                ax.axis("off")
+                continue
+            ax.errorbar([v for v, _ in pts], [statistics.fmean(x) for _, x in pts],
+                        yerr=[statistics.stdev(x) if len(x) > 1 else 0 for _, x in pts],
+                        fmt="o-", capsize=3)
+            ax.set_xscale("symlog", base=2, linthresh=1)
+            ax.set_xticks([v for v, _ in pts], [str(v) for v, _ in pts])
+            ax.set_xlabel(f"{sw.name} ({sw.key}, log scale)", fontsize=8)
+            ax.set_title(f"{ds}: {study.metric} against {sw.name}", fontsize=9)
+        for ax in row:
+            ax.set_ylabel(study.metric)
+            ax.tick_params(labelsize=8)
+            ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path + ".svg")
+    fig.savefig(path + ".png", dpi=72)
+    plt.close(fig)
+
+
+def write_doc(doc: str, name: str, text: str) -> None:
+    """Put `text` into the markdown file `doc` between ``<!-- NAME-study:begin -->`` and
+    ``<!-- NAME-study:end -->`` (appended at the end when absent), its headings one level down
+    (the section sits under the doc's own); the rest of the file is kept."""
+    begin, end = f"<!-- {name}-study:begin -->", f"<!-- {name}-study:end -->"
+    old = pathlib.Path(doc).read_text() if os.path.exists(doc) else ""
+    if begin not in old or end not in old[old.index(begin):]:
+        old = f"{old.rstrip()}\n\n{begin}\n{end}\n" if old else f"{begin}\n{end}\n"
+    head, _, rest = old.partition(begin)
+    _, _, tail = rest.partition(end)
+    body = "\n".join("#" + line if line.startswith("#") else line
+                      for line in text.strip("\n").splitlines())
+    pathlib.Path(doc).write_text(f"{head}{begin}\n{body}\n{end}{tail}")

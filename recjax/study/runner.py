@@ -11,7 +11,8 @@ The algorithms are reached through the `run` function the entry point passes in
   run again, and a record of other settings (another size, an edited study file) is an error;
 * ``work/<dataset>/seed<S>/<arm>``: the run directories (checkpoints, the last summary.json);
   an arm starts as a copy of its seed's ``base`` (copied to a temporary name, then renamed), a
-  switch back as a copy of the arm at chunk ``back_at``.
+  switch back as a copy of the arm at chunk ``back_at``; with no base run (``Size.base = 0``)
+  an arm starts in an empty directory.
 
 A segment cut short (Ctrl-C, a crash) is resumed from its directory's checkpoint; one whose
 checkpoint reached its step before its record was written is read back from its summary.json.
@@ -37,15 +38,16 @@ RunFn = Callable[[Config], dict]
 
 
 def dataset_overrides(study: Study, dataset: str) -> dict | None:
-    """The dataset's overrides with its data path resolved, or None when the file is absent."""
+    """The dataset's overrides with its data paths (train, eval) resolved, or None when a file
+    is absent."""
     over = dict(study.datasets[dataset])
-    spec = over.get("data.train", "")
-    kind, sep, path = spec.partition(":")
-    if sep and kind != "synthetic":
-        try:
-            over["data.train"] = f"{kind}:{resolve_path(path)}"
-        except DataError:
-            return None
+    for key in ("data.train", "data.eval"):
+        kind, sep, path = over.get(key, "").partition(":")
+        if sep and kind != "synthetic":
+            try:
+                over[key] = f"{kind}:{resolve_path(path)}"
+            except DataError:
+                return None
     return over
 
 
@@ -72,11 +74,23 @@ def fingerprint(cfg: Config) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _get(summary: dict, key: str):
+    """``summary[key]``; a dotted key reads a nested value (None where a level is absent)."""
+    v = summary.get(key)
+    if v is None and "." in key:
+        v = summary
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+    return v
+
+
 def _record(summary: dict, study: Study) -> dict:
     row = {"step": summary["steps"], "resumed_from_step": summary.get("resumed_from_step"),
            study.metric: summary[study.metric]}
+    for k in study.metrics:
+        row[k] = _get(summary, k)
     for k in study.counters:
-        v = summary.get(k)
+        v = _get(summary, k)
         row[k] = v["histogram"] if isinstance(v, dict) and "histogram" in v else v
     return row
 
@@ -90,14 +104,26 @@ def _copy(src: str, dst: str) -> None:
 
 
 def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
-    """Run one segment, or read it back if its checkpoint already reached its step."""
+    """Run one segment, or read it back if its checkpoint already reached its step (steps 0,
+    the config's length: if its summary is of its last checkpoint)."""
     out, steps = cfg.train.out, cfg.train.steps
     done = committed_steps(os.path.join(out, "checkpoints"))
     if done and done[-1] >= steps:
         s, _ = read_summary(os.path.join(out, "summary.json"))
-        if s is not None and s["steps"] == steps:
+        if s is not None and s["steps"] == (steps or done[-1]):
             return _record(s, study)
     return _record(run(cfg), study)
+
+
+def describe(study: Study, size_name: str, dataset: str) -> dict | None:
+    """``study.describe`` of the dataset's config (the reference arm, the size's first seed),
+    or None (no describe, or the data absent)."""
+    data = dataset_overrides(study, dataset)
+    if study.describe is None or data is None:
+        return None
+    size = study.sizes[size_name]
+    return study.describe(segment_config(study, size, data, study.arm(study.reference),
+                                         size.seeds[0], "", size.chunk, False))
 
 
 def run_study(study: Study, size_name: str, out: str, run: RunFn,
@@ -121,13 +147,15 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
             continue
         segment = _Segments(study, size, ds, data, os.path.join(out, ds, "segments.jsonl"),
                             run, log)
+        arms = study.arms_for(ds, size_name)
         for seed in seeds:
             work = os.path.join(out, "work", ds, f"seed{seed}")
             base = os.path.join(work, "base")
-            segment(seed, ref.name, "base", 0, base, size.base, ref)
-            for arm in study.arms:
+            if size.base:
+                segment(seed, ref.name, "base", 0, base, size.base, ref)
+            for arm in arms:
                 d = os.path.join(work, arm.name)
-                if not os.path.isdir(d):
+                if size.base and not os.path.isdir(d):
                     _copy(base, d)
                 for j in range(1, size.chunks + 1):
                     segment(seed, arm.name, "forward", j, d, size.base + j * size.chunk, arm)
@@ -140,7 +168,7 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
                                                "this seed")
                         _copy(d, back)
             if size.back_at:
-                for arm in study.arms:
+                for arm in arms:
                     if arm is ref:
                         continue
                     d = os.path.join(work, arm.name + "-back")

@@ -7,6 +7,13 @@ papers' protocol of switching a sync-trained model to another algorithm (GBA Fig
 paired design (every arm of a seed shares the base model, the data order and the eval rows).
 With ``back_at`` every arm but the reference also hands its checkpoint after that many chunks
 back to the reference arm for the remaining chunks (GBA Fig. 6 d-f, "back to sync").
+With ``base = 0`` every arm trains from scratch instead (the papers' protocol of comparing
+whole runs, e.g. Persia Table 2), still paired: a seed fixes the init, the data order and the
+eval rows of every arm.
+
+A `Sweep` adds arms that differ in one setting (a table and a curve of the metric against it);
+a claim may compare any two arms, on the study's metric or another summary key (`Study.metrics`),
+as a difference or as a ratio (throughputs).
 
 Settings are config overrides as the CLI writes them (``"gba.mode": "async"``), so a study file
 reads like the commands it stands for and can be diffed against the paper's setup.
@@ -15,6 +22,8 @@ reads like the commands it stands for and can be diffed against the paper's setu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from recjax.study.stats import KINDS
 
@@ -25,11 +34,13 @@ class Arm:
       name: its name in tables and files.
       overrides: config key -> value (as on the command line) on top of the study's.
       label: its legend in figures (default: the name).
+      datasets: the datasets it runs on (default: every one).
     """
 
     name: str
     overrides: dict = dataclasses.field(default_factory=dict)
     label: str = ""
+    datasets: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +48,9 @@ class Size:
     """The sizes of one variant (``smoke`` for tests, ``quick`` < 3 minutes, ``full``).
 
     Attributes:
-      base: steps of each seed's shared base run.
-      chunk: steps per segment (one eval each).
+      base: steps of each seed's shared base run; 0: no base run, every arm from scratch.
+      chunk: steps per segment (one eval each); 0 (from scratch, one chunk): the config's own
+        length (``train.epochs``).
       chunks: segments after the switch.
       seeds: the seeds (``train.seed``: init, data order, stragglers).
       back_at: chunks under an arm before it goes back to the reference arm (0: no back phase).
@@ -53,37 +65,77 @@ class Size:
     overrides: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if min(self.base, self.chunk, self.chunks) < 1 or not self.seeds:
-            raise ValueError(f"a study size needs base, chunk, chunks >= 1 and a seed: {self}")
-        if not 0 <= self.back_at < self.chunks:
-            raise ValueError(f"back_at={self.back_at} must be in [0, chunks={self.chunks})")
+        whole_run = self.base == 0 and self.chunks == 1  # may take the config's length
+        if (min(self.base, self.chunk) < 0 or self.chunks < 1 or not self.seeds
+                or (self.chunk < 1 and not whole_run)):
+            raise ValueError(f"a study size needs base >= 0, chunk >= 1 (0 only for one chunk "
+                             f"from scratch), chunks >= 1 and a seed: {self}")
+        if not 0 <= self.back_at < self.chunks or (self.back_at and not self.base):
+            raise ValueError(f"back_at={self.back_at} must be in [0, chunks={self.chunks}), and "
+                             "0 without a base run")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """Arms that differ in one setting, named ``<name>=<value>``. Attributes:
+      name: the swept quantity's name in tables (the paper's symbol).
+      key: the config key it sets.
+      values: size name -> the values at that size (a size not named runs none).
+      overrides: the arms' other settings (on top of the study's).
+      datasets: the datasets it runs on (default: every one).
+    """
+
+    name: str
+    key: str
+    values: dict
+    overrides: dict = dataclasses.field(default_factory=dict)
+    datasets: tuple[str, ...] = ()
+
+    def arms(self, size: str | None = None) -> tuple[Arm, ...]:
+        """Its arms at `size` (every size's, in value order, when None)."""
+        vals = self.values.get(size, ()) if size else sorted({v for vs in self.values.values()
+                                                             for v in vs})
+        return tuple(Arm(f"{self.name}={v}", {**self.overrides, self.key: v}, f"{self.name} = {v}",
+                         self.datasets) for v in vals)
 
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A claim of the paper about ``arm - reference`` on the study's metric, averaged over the
-    chunks of a phase. Attributes:
+    """A claim of the paper about ``arm - reference`` (or ``arm / reference``) on a metric,
+    averaged over the chunks of a phase. Attributes:
       text: the claim, as the paper makes it.
       arm, reference: arm names.
       kind: less | greater (the arm is below / above by about `effect`) | within (|diff| <
         `effect`); `recjax.study.stats.verdict`.
-      effect: the paper's effect (less: < 0; greater: > 0) or the margin (within).
-      source: where the paper says it (table, figure).
+      effect: the paper's effect (less: < 0; greater: > 0; ratio: the paper's ratio, < 1 or
+        > 1), the margin (within), or None where the paper gives a direction without a size
+        (did not hold only when the interval lies wholly on the other side of no effect).
+      source: where the paper says it (table, figure, section).
       phase: forward (after the switch) | back (after switching back).
+      metric: the summary key compared (default: the study's metric).
+      scale: diff (``arm - reference`` per seed) | ratio (``arm / reference``, scored as the
+        log ratio: a throughput claim such as "2.6x faster").
+      datasets: the datasets it is scored on (default: every one).
     """
 
     text: str
     arm: str
     reference: str
     kind: str
-    effect: float
+    effect: float | None
     source: str
     phase: str = "forward"
+    metric: str = ""
+    scale: str = "diff"
+    datasets: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if self.kind not in KINDS or self.phase not in ("forward", "back"):
-            raise ValueError(f"claim {self.text!r}: kind must be one of {KINDS} and phase "
-                             f"forward or back")
+        if (self.kind not in KINDS or self.phase not in ("forward", "back")
+                or self.scale not in ("diff", "ratio")):
+            raise ValueError(f"claim {self.text!r}: kind must be one of {KINDS}, phase forward "
+                             "or back, scale diff or ratio")
+        if self.scale == "ratio" and self.effect is not None and self.effect <= 0:
+            raise ValueError(f"claim {self.text!r}: a ratio claim's effect is a ratio (> 0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +154,16 @@ class Study:
       claims: the paper's claims this study scores.
       metric: the summary key compared (higher is better for AUC).
       counters: summary keys summed over an arm's chunks (a ``{"histogram": ...}`` value is
-        merged: mean and max of the merged histogram).
+        merged: mean and max of the merged histogram); a dotted key reads a nested value
+        (``lru.total.evicted``).
       notes: what the report says about the settings (the paper's numbers they scale).
+      metrics: other summary keys kept per segment, shown as mean +- sd over seeds (a claim
+        may compare one).
+      sweeps: `Sweep`s (their arms join `arms` at the sizes they name).
+      describe: a function of a dataset's config (the reference arm's, first seed) returning
+        facts about its data (``{name: value}``), shown beside its results.
+      overview: open the report with a table of every dataset: its facts and each arm's
+        metric.
     """
 
     name: str
@@ -118,15 +178,37 @@ class Study:
     metric: str = "eval_auc"
     counters: tuple[str, ...] = ()
     notes: str = ""
+    metrics: tuple[str, ...] = ()
+    sweeps: tuple[Sweep, ...] = ()
+    describe: Callable[[Any], dict] | None = None
+    overview: bool = False
 
     def __post_init__(self):
-        names = [a.name for a in self.arms]
-        if len(set(names)) != len(names) or self.reference not in names:
+        names = [a.name for a in self.all_arms]
+        if len(set(names)) != len(names) or self.reference not in [a.name for a in self.arms]:
             raise ValueError(f"study {self.name}: arm names must be unique and include the "
                              f"reference {self.reference!r}: {names}")
+        known = set(self.datasets)
+        for a in self.all_arms:
+            if set(a.datasets) - known:
+                raise ValueError(f"study {self.name}: arm {a.name} names an unknown dataset")
         for c in self.claims:
-            if {c.arm, c.reference} - set(names):
-                raise ValueError(f"study {self.name}: claim {c.text!r} names an unknown arm")
+            if {c.arm, c.reference} - set(names) or set(c.datasets) - known:
+                raise ValueError(f"study {self.name}: claim {c.text!r} names an unknown arm "
+                                 "or dataset")
+            if c.metric and c.metric != self.metric and c.metric not in self.metrics:
+                raise ValueError(f"study {self.name}: claim {c.text!r} compares {c.metric!r}, "
+                                 "which is not in the study's metrics (not recorded)")
+
+    @property
+    def all_arms(self) -> tuple[Arm, ...]:
+        """The arms and every sweep's arms (at any size)."""
+        return self.arms + tuple(a for s in self.sweeps for a in s.arms())
+
+    def arms_for(self, dataset: str, size: str) -> tuple[Arm, ...]:
+        """The arms that run on `dataset` at `size`, in the study's order."""
+        arms = self.arms + tuple(a for s in self.sweeps for a in s.arms(size))
+        return tuple(a for a in arms if not a.datasets or dataset in a.datasets)
 
     def arm(self, name: str) -> Arm:
-        return next(a for a in self.arms if a.name == name)
+        return next(a for a in self.all_arms if a.name == name)

@@ -15,6 +15,9 @@ seed), so its evidence for a claim is the per-seed difference ``d_s = arm_s - re
   paper's side (and so does not rule the paper's effect out); otherwise **unresolved**. Two seed
   sets of the GBA study disagreed under the first draft of this rule, which called "held" an
   interval that excluded both 0 and the paper's effect.
+* ``less`` / ``greater`` without an effect (the paper gives a direction, e.g. a bound that
+  grows with a setting, not a size): **did not hold** only when the interval lies wholly on the
+  other side of 0; **held** when it excludes 0 on the paper's side; otherwise **unresolved**.
 * ``within`` (the arm is within ``+-effect`` of the reference, e.g. "GBA within 0.001 AUC of
   sync"): an equivalence test (two one-sided tests): **held** when the (1 - 2 alpha) interval
   lies inside ``(-effect, effect)``; **did not hold** when the (1 - alpha) interval lies wholly
@@ -73,16 +76,21 @@ def paired(diffs: Sequence[float], alpha: float = 0.05, power: float = 0.8) -> P
     return Paired(n, mean, sd, mean - t * se, mean + t * se, mde, alpha)
 
 
-def verdict(kind: str, effect: float, diffs: Sequence[float], alpha: float = 0.05) -> tuple[str, Paired]:
+def verdict(kind: str, effect: float | None, diffs: Sequence[float], alpha: float = 0.05
+            ) -> tuple[str, Paired]:
     """``(verdict, summary)`` of a claim of `kind` with the paper's `effect` (see the module
-    docstring); for ``within``, `effect` is the margin (> 0).
+    docstring); for ``within``, `effect` is the margin (> 0); None: a direction, no size.
 
     Raises:
       ValueError: an unknown kind, or an effect of the wrong sign for it.
     """
     if kind not in KINDS:
         raise ValueError(f"claim kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if (kind == "less" and effect >= 0) or (kind in ("greater", "within") and effect <= 0):
+    if effect is None:
+        if kind == "within":
+            raise ValueError("a 'within' claim needs its margin (> 0), got None")
+        effect = 0.0  # a direction: only the other side of 0 rules it out
+    elif (kind == "less" and effect >= 0) or (kind in ("greater", "within") and effect <= 0):
         raise ValueError(f"a {kind!r} claim needs an effect "
                          f"{'< 0' if kind == 'less' else '> 0'}, got {effect}")
     p = paired(diffs, alpha)
