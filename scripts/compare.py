@@ -2,14 +2,15 @@
 
     python scripts/compare.py shadowsync [--quick] [--seeds 0,1,2] [--out runs/compare_shadowsync]
     python scripts/compare.py gba [--quick] [--seeds 0,1] [--out runs/compare_gba]  (scripts/studies/gba.py)
-    python scripts/compare.py persia [--quick] [--out runs/compare_persia] (scripts/compare_persia.py)
+    python scripts/compare.py persia [--quick] [--seeds 0,1] [--out runs/compare_persia]
+        (scripts/studies/persia.py)
 
 A study with a declarative file in scripts/studies/ runs through the study kit (recjax/study:
-arms x seeds from shared checkpoints, paired intervals, verdicts; run again, it skips what it
-finished). Each study writes its results (JSON, markdown, figures) to ``--out``; a tracked doc under docs/
-is written only when asked (``--doc`` / ``--write-docs``). Data paths come from ``--data`` or
-$RECJAX_DATA (default ../shared/data next to the checkout). ``shadowsync`` (Zheng et al.,
-arXiv 2003.03477) is scripts/compare_shadowsync.py; its verdict rules are
+arms x seeds from shared checkpoints or from scratch, paired intervals, verdicts; run again, it
+skips what it finished). Each study writes its results (JSON, markdown, figures) to ``--out``; a
+tracked doc under docs/ is written only when asked (``--doc docs/NAME.md``). Data paths come
+from ``--data`` or $RECJAX_DATA (default ../shared/data next to the checkout). ``shadowsync``
+(Zheng et al., arXiv 2003.03477) is scripts/compare_shadowsync.py; its verdict rules are
 scripts/shadowsync_verdicts.py.
 """
 
@@ -35,11 +36,9 @@ def main(argv=None) -> int:
         from recjax import study
 
         return study.main(study.load(str(path)), argv[1:], algorithms.run)
-    if argv[0] == "persia":
-        from scripts import compare_persia as study
-    else:
-        from scripts import compare_shadowsync as study
-    return study.main(argv[1:])
+    from scripts import compare_shadowsync
+
+    return compare_shadowsync.main(argv[1:])
 
 
 if __name__ == "__main__":

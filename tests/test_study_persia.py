@@ -1,0 +1,93 @@
+"""The Persia study file (scripts/studies/persia.py, loaded through `recjax.study.load`): the
+paper's effects and the settings each dataset's runs get; and its smoke size end to end."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from recjax.study import load, runner
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+STUDY = load(str(ROOT / "scripts" / "studies" / "persia.py"))
+
+
+def test_the_claims_carry_table_2_and_sec_6_3():
+    effects = {(c.arm, c.reference, c.datasets): c.effect for c in STUDY.claims}
+    # Table 2, async (XDL) - sync: Criteo 80.01 - 80.51, Avazu 77.10 - 78.02, Taobao 65.66 - 65.93
+    assert effects[("async", "sync", ("criteo",))] == -0.0050
+    assert effects[("async", "sync", ("avazu",))] == -0.0092
+    assert effects[("async", "sync", ("taobao",))] == -0.0027
+    # async - hybrid: Avazu 77.10 - 77.93; synthetic stands in for Kwai-Video (72.16 - 72.63)
+    assert effects[("async", "hybrid", ("avazu",))] == -0.0083
+    assert effects[("async", "hybrid", ("synthetic",))] == -0.0047
+    within = next(c for c in STUDY.claims if c.kind == "within")
+    assert (within.arm, within.reference, within.effect, within.datasets) == ("hybrid", "sync",
+                                                                             0.001, ())
+    speed = {(c.arm, c.reference): c for c in STUDY.claims if c.scale == "ratio"}
+    assert speed[("hybrid", "sync")].effect == 2.6 and speed[("async", "hybrid")].effect == 1.2
+    assert {c.metric for c in speed.values()} == {"examples_per_sec"}
+    tau = next(c for c in STUDY.claims if c.arm.startswith("tau"))
+    assert (tau.arm, tau.reference, tau.kind, tau.effect) == ("tau=16", "tau=0", "less", None)
+    for c in STUDY.claims:  # every claim says where the paper makes it
+        assert any(s in c.source for s in ("Table 2", "Sec. 6.3", "Theorem 1")), c
+
+
+def _cfg(ds, arm, size="quick"):
+    return runner.segment_config(STUDY, STUDY.sizes[size], runner.dataset_overrides(STUDY, ds),
+                                 STUDY.arm(arm), 0, "/tmp/x", 0, False)
+
+
+def test_each_dataset_and_arm_gets_the_papers_settings():
+    c = _cfg("synthetic", "hybrid")
+    assert (c.train.algo, c.persia.mode, c.model.name, c.train.batch_size) == ("persia", "hybrid",
+                                                                              "dlrm", 256)
+    assert (c.persia.nn_workers, c.persia.embedding_workers, c.persia.staleness) == (2, 4, 4)
+    assert (c.train.steps, c.train.epochs, c.synthetic.n_train) == (0, 1, 300 * 256)
+    assert c.persia.embedding_stragglers == "slow:k=1,factor=4" and c.train.deterministic
+    assert _cfg("synthetic", "async").persia.mode == "async"
+    t = _cfg("synthetic", "tau=16")
+    assert (t.persia.mode, t.persia.staleness, t.persia.embedding_workers) == ("hybrid", 16, 8)
+    assert [a.name for a in STUDY.arms_for("synthetic", "quick")] == [
+        "hybrid", "sync", "async", "tau=0", "tau=1", "tau=4", "tau=16"]
+    assert [a.name for a in STUDY.arms_for("criteo", "quick")] == [
+        "hybrid", "sync", "async", "lru", "lru_roomy"]
+    assert [a.name for a in STUDY.arms_for("avazu", "full")] == ["hybrid", "sync", "async"]
+    if runner.dataset_overrides(STUDY, "taobao") is None:
+        pytest.skip("the data samples are not under $RECJAX_DATA")
+    r = _cfg("criteo", "sync")
+    assert (r.model.name, r.model.embed_dim, r.model.deep_mlp) == ("deepfm", 8, (64, 32))
+    assert (r.data.hash_buckets, r.data.multi_hot_len, r.train.batch_size) == (1 << 15, 8, 128)
+    assert (r.dense.name, r.dense.lr, r.sparse.name, r.sparse.lr) == ("adam", 1e-3, "adagrad", 0.01)
+    assert r.data.eval.startswith("criteo:/") and r.data.eval.endswith("criteo_kaggle_8k/valid.tsv")
+    lru = _cfg("criteo", "lru")
+    assert (lru.embed.store, lru.embed.capacity, lru.persia.mode) == ("lru", 1960, "hybrid")
+    assert _cfg("criteo", "lru_roomy").embed.capacity == 4 * 1960
+    tb = _cfg("taobao", "hybrid")
+    assert (tb.train.batch_size, tb.train.epochs) == (32, 10)
+
+
+@pytest.mark.slow  # ~30 s: the real algorithms at the smoke size, in a subprocess
+def test_the_persia_study_at_smoke_size(tmp_path):
+    subprocess.run([sys.executable, "scripts/compare.py", "persia", "--smoke", "--datasets",
+                    "synthetic", "--out", str(tmp_path)], check=True, capture_output=True,
+                   cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    got = json.loads((tmp_path / "persia_study.json").read_text())
+    rows = {r["arm"]: r for r in got["results"]["synthetic"]}
+    assert set(rows) == {"hybrid", "sync", "async", "tau=0", "tau=2"}
+    for arm, r in rows.items():  # one pass of 24 batches of 64, from scratch
+        assert r["step"] == 24 and r["resumed_from_step"] is None and r["examples_per_sec"] > 0
+        # the realised staleness reaches the bound: tau = 4, 0 for sync, the sweep's own
+        want = {"sync": 0, "tau=0": 0, "tau=2": 2}.get(arm, 4)
+        assert max(map(int, r["embedding_staleness"])) == want
+        assert (r["dense_staleness"] is not None) == (arm == "async")
+    # tau = 0 is sync whatever the number of embedding workers: the same bits, the same AUC
+    assert rows["tau=0"]["eval_auc"] == rows["sync"]["eval_auc"]
+    facts = got["data"]["synthetic"]
+    assert 0 < facts["id_alpha"] <= 1 and facts["samples"] == 24 * 64
+    text = (tmp_path / "persia_study.md").read_text()
+    assert "| synthetic |" in text and "### Claims" in text and "| 2 | " in text
+    assert (tmp_path / "persia_study.svg").exists() and (tmp_path / "persia_study.png").exists()
