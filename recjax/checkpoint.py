@@ -282,8 +282,11 @@ class Checkpointer:
         if host:
             with contextlib.suppress(RuntimeError):  # no CPU backend: wherever orbax puts it
                 sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                               sharding=sharding), like)
+        # a 64-bit leaf (an LRU store's raw ids, its clock) stays numpy: as a jax array
+        # without x64 it would come back 32-bit, and its bytes would fail their CRC
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=sharding
+            if jax.dtypes.canonicalize_dtype(x.dtype) == x.dtype else None), like)
         try:
             state = self._mngr.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract))).state

@@ -119,6 +119,23 @@ def test_saving_a_step_that_exists_is_a_no_op(tmp_path):
     ck.close()
 
 
+def test_64_bit_arrays_verify_and_restore_whole(tmp_path, capsys):
+    """An LRU store's raw 64-bit ids and its clock ride in the state as int64 numpy arrays:
+    the read-back after a save must not turn them 32-bit (every LRU checkpoint was reported
+    "damaged right after writing", and not rotated), and a restore returns them whole."""
+    ids = np.array([2**40 + 3, -(2**35), 7], np.int64)
+    state = {"w": jnp.ones((4,), jnp.float32), "ids": ids, "clock": np.array(2**33, np.int64)}
+    ck = Checkpointer(str(tmp_path / "checkpoints"), max_to_keep=1)
+    for step in (1, 2):
+        ck.save(step, state, {})
+    assert "damaged" not in capsys.readouterr().out
+    assert ck.latest_step() == 2 and ck.all_steps() == [2]  # step 1 rotated out: 2 verified
+    got, _ = ck.restore(state)
+    assert got["ids"].dtype == np.int64 and np.array_equal(got["ids"], ids)
+    assert int(got["clock"]) == 2**33
+    ck.close()
+
+
 def _on_commit(monkeypatch, step: int, action):
     """Run `action(tmp_dir)` just before orbax renames step `step`'s temp directory into place."""
     real = os.rename
