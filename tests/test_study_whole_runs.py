@@ -201,3 +201,76 @@ def test_id_alpha_counts_samples_per_id(tmp_path):
     got = id_alpha(cfg)
     assert (got["id_alpha"], got["id_alpha_field"], got["samples"]) == (0.75, "C1", 4)
     assert got["distinct_ids_per_field"] == [2] + [4] * 25 and got["distinct_ids_max"] == 4
+
+
+class ScaledRun(FakeRun):
+    """FakeRun whose examples/s grow with runtime.trainers n: single x n, async x min(n, 2)."""
+
+    def __call__(self, cfg):
+        s = super().__call__(cfg)
+        n = cfg.runtime.trainers
+        s["examples_per_sec"] *= n if cfg.train.algo == "single" else min(n, 2)
+        self.calls[-1] += (n,)
+        (pathlib.Path(cfg.train.out) / "summary.json").write_text(json.dumps(s))
+        return s
+
+
+SCALING = Study(
+    name="scale", title="scale", config="smoke", overrides={"train.batch_size": 64},
+    datasets={"d1": {}, "d2": {}},
+    arms=(Arm("ref", {"train.algo": "single"}),
+          Arm("a", {"train.algo": "async", "train.steps": 7}),
+          Arm("b", {"train.algo": "async"}, seeds=1)),
+    reference="ref",
+    sweeps=tuple(Sweep("n", "runtime.trainers", {"quick": (1, 2, 4)}, {"train.algo": algo},
+                       datasets=("d1",), variant=algo, scaled={"train.steps": {"quick": 10}},
+                       metrics=("examples_per_sec", "eval_auc")) for algo in ("single", "async")),
+    sizes={"quick": Size(base=0, chunk=0, chunks=1, seeds=(0, 1),
+                         overrides={"train.batch_size": 48},
+                         datasets={"d2": {"train.batch_size": 32}})},
+    claims=(Claim("single flat", "single n=4", "single n=1", "within", 1.1, "F5",
+                  metric="examples_per_sec", scale="ratio"),
+            Claim("async flat", "async n=4", "async n=2", "within", 1.1, "F5",
+                  metric="examples_per_sec", scale="ratio")),
+    metrics=("examples_per_sec",),
+)
+
+
+def test_per_dataset_sizes_own_lengths_and_weak_scaling_sweeps(tmp_path):
+    run = ScaledRun()
+    res = runner.run_study(SCALING, "quick", str(tmp_path), run, log=lambda s: None)
+    # the size's batch (48) beats the study's, its d2 batch (32) the size's; arm a's own
+    # train.steps is its length; each sweep arm runs 10 steps per trainer (the smoke config: 2)
+    calls = {(c[0], c[4], c[6]): (c[1], c[3], c[-1]) for c in run.calls}
+    assert calls[("ref", 0, 48)] == ("single", 0, 2) and calls[("a", 1, 32)] == ("async", 7, 2)
+    assert calls[("single n=4", 1, 48)] == ("single", 40, 4)
+    assert calls[("async n=2", 0, 48)] == ("async", 20, 2)
+    # d1: 2 arms + 2 x 3 sweep arms per seed; d2: 2 arms; and b on the first seed only
+    assert len(run.calls) == 2 * (2 + 6) + 2 * 2 + 2
+    assert {(c[0], c[4]) for c in run.calls if c[0] == "b"} == {("b", 0)}
+    assert {r["step"] for r in res["d1"] if r["arm"] == "a"} == {7}
+    v = {x["claim"]: x for x in report.verdicts(SCALING, res["d1"], "d1")}
+    # single n=4 / n=1 = x4 on both seeds: far outside x1.1; async n=4 / n=2 = x1: inside
+    assert v["single flat"]["verdict"] == "did not hold"
+    assert v["single flat"]["mean"] == pytest.approx(4)
+    assert v["async flat"]["verdict"] == "held"
+    text = report.markdown(SCALING, res, "cmd", 1.0)
+    # one table per metric, a column per sweep: examples/s 100 x n x (1, 1.1) and 200 x min(n, 2)
+    # x (1, 1.1): means 105 n and 210 min(n, 2), sds 7.07 n and 14.1 min(n, 2)
+    assert "### examples_per_sec against n (`runtime.trainers`; mean ± sd over seeds)" in text
+    assert "| n | single | async |" in text
+    assert "| 1 | 105 ± 7 | 210 ± 14 |" in text and "| 4 | 420 ± 28 | 420 ± 28 |" in text
+    assert "| 2 | 0.7005 ± 0.0007 | 0.6805 ± 0.0007 |" in text  # eval_auc: 0.70 / 0.68 + seed
+    assert "| single flat | within x1.10 (F5) | x4.00 [x4.00, x4.00] |" in text
+    report.figure(SCALING, res, str(tmp_path / "fig"))
+    assert (tmp_path / "fig.svg").exists()
+
+
+def test_sweeps_and_sizes_refuse_unknown_metrics_and_datasets():
+    arms = (Arm("ref"),)
+    with pytest.raises(ValueError, match="sweep n shows a metric not in"):
+        Study("s", "s", "smoke", {}, {"d": {}}, arms, "ref", {},
+              sweeps=(Sweep("n", "runtime.trainers", {}, metrics=("examples_per_sec",)),))
+    with pytest.raises(ValueError, match="size quick names an unknown dataset"):
+        Study("s", "s", "smoke", {}, {"d": {}}, arms, "ref",
+              {"quick": Size(0, 0, 1, (0,), datasets={"e": {}})})

@@ -13,7 +13,7 @@ import os
 import pathlib
 import statistics
 
-from recjax.study.spec import Claim, Study
+from recjax.study.spec import Claim, Study, Sweep
 from recjax.study.stats import verdict
 
 
@@ -145,6 +145,11 @@ def _paired_ms(rows: list[dict], arm: str, ref: str, key: str) -> str:
     return _ms([a[s] - b[s] for s in a if s in b], "+.4f")
 
 
+def _effect(x: float) -> str:
+    """The paper's effect: 4 decimals, 5 where it has them (NE differences of 0.00032)."""
+    return f"{x:+.4f}" if abs(x - round(x, 4)) < 1e-12 else f"{x:+.5f}"
+
+
 def _row(cells: list) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
@@ -174,6 +179,47 @@ def _counter_table(study: Study, rows: list[dict], arms) -> tuple[list[str], dic
                   for a, c in per.items()}
 
 
+def _sweep_groups(study: Study, ran: set[str]) -> list[list[Sweep]]:
+    """The sweeps with an arm in `ran`, those of one key together (in the study's order)."""
+    groups: dict[str, list[Sweep]] = {}
+    for sw in study.sweeps:
+        if any(a.name in ran for a in sw.arms()):
+            groups.setdefault(sw.key, []).append(sw)
+    return list(groups.values())
+
+
+def _sweep_tables(study: Study, rows: list[dict], group: list[Sweep], ran: set[str]
+                  ) -> list[str]:
+    """One sweep: its metrics and counters against its values. Several of one key: a table per
+    metric, a column per sweep (its variant)."""
+    m, sw = study.metric, group[0]
+    metrics = list(dict.fromkeys(k for s in group for k in (s.metrics or (m,))))
+
+    def cell(arm: str, k: str) -> str:
+        xs = _per_seed(rows, arm, k)
+        return _ms(xs, ".4f" if k == m else _fmt(xs))
+
+    if len(group) == 1:
+        sarms = [a for a in sw.arms() if a.name in ran]
+        over = ", ".join(f"`{k}` {v}" for k, v in sw.overrides.items())
+        keys, cells = _counter_table(study, rows, sarms)
+        out = ["", f"### {', '.join(metrics)} against {sw.name} (`{sw.key}`"
+               + (f"; {over}" if over else "") + ")", "", _row([sw.name, *metrics, *keys]),
+               "|---|" + "---|" * (len(metrics) + len(keys))]
+        return out + [_row([a.overrides[sw.key], *(cell(a.name, k) for k in metrics),
+                            *cells.get(a.name, ["-"] * len(keys))]) for a in sarms]
+    values = sorted({a.overrides[sw.key] for s in group for a in s.arms() if a.name in ran})
+    out = []
+    for k in metrics:
+        out += ["", f"### {k} against {sw.name} (`{sw.key}`; mean ± sd over seeds)", "",
+                _row([sw.name, *(s.variant or s.name for s in group)]),
+                "|---|" + "---|" * len(group)]
+        for v in values:
+            names = [next((a.name for a in s.arms() if a.overrides[s.key] == v), "") for s in group]
+            out.append(_row([v, *(cell(a, k) if a in ran else "-" for a in names)]))
+    return out
+
+
 def _claims(study: Study, rows: list[dict], ds: str) -> list[str]:
     vs = verdicts(study, rows, ds)
     if not vs:
@@ -185,11 +231,11 @@ def _claims(study: Study, rows: list[dict], ds: str) -> list[str]:
         x = (lambda y: "-" if not math.isfinite(y) else f"x{y:.2f}") if ratio else (
             lambda y: _f(y, "+.4f"))
         if v["kind"] == "within":
-            paper = f"within +-{v['paper']:g}"
+            paper = f"within x{v['paper']:.2f}" if ratio else f"within +-{v['paper']:g}"
         elif v["paper"] is None:
             paper = ("below" if v["kind"] == "less" else "above") + (" x1" if ratio else " 0")
         else:
-            paper = f"x{v['paper']:.2f}" if ratio else f"{v['paper']:+.4f}"
+            paper = f"x{v['paper']:.2f}" if ratio else _effect(v["paper"])
         mde = (f"x{v['mde']:.2f}" if math.isfinite(v["mde"]) else "-") if ratio else _f(v["mde"])
         mean = f"x{v['mean']:.2f}" if ratio else f"{v['mean']:+.4f}"
         out.append(f"| {v['claim']} | {paper} ({v['source']}) | {mean} [{x(v['lo'])}, "
@@ -269,17 +315,8 @@ def markdown(study: Study, results: dict[str, list[dict]], command: str, seconds
                 d = [t[c] - ref[c] for c in back if c in t and c in ref]
                 out.append(f"| {a.name} | " + " | ".join(_f(t.get(c)) for c in back)
                            + f" | {_f(statistics.fmean(d) if d else None, '+.4f')} |")
-        for sw in study.sweeps:
-            sarms = [a for a in sw.arms() if a.name in ran]
-            if not sarms:
-                continue
-            over = ", ".join(f"`{k}` {v}" for k, v in sw.overrides.items())
-            keys, cells = _counter_table(study, rows, sarms)
-            out += ["", f"### {m} against {sw.name} (`{sw.key}`" + (f"; {over}" if over else "")
-                    + ")", "", _row([sw.name, m, *keys]), "|---|---|" + "---|" * len(keys)]
-            for a in sarms:
-                out.append(_row([a.overrides[sw.key], _ms(_per_seed(rows, a.name, m), ".4f"),
-                                 *cells.get(a.name, ["-"] * len(keys))]))
+        for group in _sweep_groups(study, ran):
+            out += _sweep_tables(study, rows, group, ran)
         keys, cells = _counter_table(study, rows, study.arms)
         if cells:
             after = ("over the chunks after the switch" if any(r["phase"] == "base" for r in rows)
@@ -335,11 +372,13 @@ def figure(study: Study, results: dict[str, list[dict]], path: str) -> None:
 
 
 def _figure_runs(study: Study, results: dict[str, list[dict]], path: str, plt) -> None:
-    """Whole runs: per dataset, the metric per arm, then one panel per sweep (mean ± sd)."""
-    sweeps = [sw for sw in study.sweeps
-              if any(a.name == r["arm"] for a in sw.arms() for rows in results.values() for r in rows)]
-    fig, axes = plt.subplots(len(results), 1 + len(sweeps), squeeze=False,
-                             figsize=(4.5 * (1 + len(sweeps)), 2.8 * len(results)))
+    """Whole runs: per dataset, the metric per arm, then a panel per sweep and metric it shows
+    (the sweeps of one key together, a line each; mean ± sd)."""
+    ran = {r["arm"] for rows in results.values() for r in rows}
+    panels = [(g, k) for g in _sweep_groups(study, ran)
+              for k in dict.fromkeys(k for sw in g for k in (sw.metrics or (study.metric,)))]
+    fig, axes = plt.subplots(len(results), 1 + len(panels), squeeze=False,
+                             figsize=(4.5 * (1 + len(panels)), 2.8 * len(results)))
     for row, (ds, rows) in zip(axes, results.items()):
         arms = [a for a in study.arms if any(r["arm"] == a.name for r in rows)]
         xs = [_per_seed(rows, a.name, study.metric) for a in arms]
@@ -348,21 +387,28 @@ def _figure_runs(study: Study, results: dict[str, list[dict]], path: str, plt) -
                         fmt="o", capsize=3, color="k")
         row[0].set_xticks(range(len(arms)), [a.label or a.name for a in arms], fontsize=7)
         row[0].set_title(f"{ds}: {study.metric} per arm (mean ± sd)", fontsize=9)
-        for ax, sw in zip(row[1:], sweeps):
-            pts = [(a.overrides[sw.key], _per_seed(rows, a.name, study.metric)) for a in sw.arms()]
-            pts = [(v, x) for v, x in pts if x]
-            if not pts:
+        row[0].set_ylabel(study.metric)
+        for ax, (group, k) in zip(row[1:], panels):
+            lines = [(sw, [(a.overrides[sw.key], _per_seed(rows, a.name, k)) for a in sw.arms()])
+                     for sw in group]
+            lines = [(sw, [(v, x) for v, x in pts if x]) for sw, pts in lines]
+            if not any(pts for _, pts in lines):
                 ax.axis("off")
                 continue
-            ax.errorbar([v for v, _ in pts], [statistics.fmean(x) for _, x in pts],
-                        yerr=[statistics.stdev(x) if len(x) > 1 else 0 for _, x in pts],
-                        fmt="o-", capsize=3)
+            for sw, pts in lines:
+                if pts:
+                    ax.errorbar([v for v, _ in pts], [statistics.fmean(x) for _, x in pts],
+                                yerr=[statistics.stdev(x) if len(x) > 1 else 0 for _, x in pts],
+                                fmt="o-", capsize=3, label=sw.variant or None)
+            vals = sorted({v for _, pts in lines for v, _ in pts})
             ax.set_xscale("symlog", base=2, linthresh=1)
-            ax.set_xticks([v for v, _ in pts], [str(v) for v, _ in pts])
-            ax.set_xlabel(f"{sw.name} ({sw.key}, log scale)", fontsize=8)
-            ax.set_title(f"{ds}: {study.metric} against {sw.name}", fontsize=9)
+            ax.set_xticks(vals, [str(v) for v in vals])
+            ax.set_xlabel(f"{group[0].name} ({group[0].key}, log scale)", fontsize=8)
+            ax.set_title(f"{ds}: {k} against {group[0].name}", fontsize=9)
+            ax.set_ylabel(k)
+            if len(group) > 1:
+                ax.legend(fontsize=7)
         for ax in row:
-            ax.set_ylabel(study.metric)
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -52,13 +52,15 @@ def dataset_overrides(study: Study, dataset: str) -> dict | None:
 
 
 def segment_config(study: Study, size: Size, data: dict, arm: Arm, seed: int, out: str,
-                   steps: int, resume: bool) -> Config:
+                   steps: int, resume: bool, dataset: str = "") -> Config:
     """The config of one segment: the named config (the size's ``config``, else the dataset's,
-    else the study's), then the study's, the dataset's, the size's and the arm's settings, then
-    the segment's own (seed, steps, where, resume)."""
-    pairs = {**study.overrides, **data, **size.overrides, **arm.overrides,
-             "train.seed": seed, "train.steps": steps, "train.out": out, "train.resume": resume,
-             "train.progress": False}
+    else the study's), then the study's, the dataset's, the size's (for all datasets, then for
+    `dataset`) and the arm's settings, then the segment's own (seed, steps, where, resume).
+    A whole run (`steps` 0) keeps a ``train.steps`` those settings give (an arm's own length)."""
+    pairs = {**study.overrides, **data, **size.overrides, **size.datasets.get(dataset, {}),
+             **arm.overrides}
+    pairs = {**pairs, "train.seed": seed, "train.steps": steps or pairs.get("train.steps", 0),
+             "train.out": out, "train.resume": resume, "train.progress": False}
     name = pairs.pop("config", study.config)
     return apply_overrides(configs.get(name),
                            [(k, v if isinstance(v, str) else json.dumps(v).strip('"'))
@@ -123,7 +125,7 @@ def describe(study: Study, size_name: str, dataset: str) -> dict | None:
         return None
     size = study.sizes[size_name]
     return study.describe(segment_config(study, size, data, study.arm(study.reference),
-                                         size.seeds[0], "", size.chunk, False))
+                                         size.seeds[0], "", size.chunk, False, dataset))
 
 
 def run_study(study: Study, size_name: str, out: str, run: RunFn,
@@ -148,12 +150,14 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
         segment = _Segments(study, size, ds, data, os.path.join(out, ds, "segments.jsonl"),
                             run, log)
         arms = study.arms_for(ds, size_name)
-        for seed in seeds:
+        for i, seed in enumerate(seeds):
             work = os.path.join(out, "work", ds, f"seed{seed}")
             base = os.path.join(work, "base")
             if size.base:
                 segment(seed, ref.name, "base", 0, base, size.base, ref)
             for arm in arms:
+                if arm.seeds and i >= arm.seeds:  # it runs on the first arm.seeds seeds only
+                    continue
                 d = os.path.join(work, arm.name)
                 if size.base and not os.path.isdir(d):
                     _copy(base, d)
@@ -169,7 +173,7 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
                         _copy(d, back)
             if size.back_at:
                 for arm in arms:
-                    if arm is ref:
+                    if arm is ref or (arm.seeds and i >= arm.seeds):
                         continue
                     d = os.path.join(work, arm.name + "-back")
                     for j in range(size.back_at + 1, size.chunks + 1):
@@ -194,7 +198,8 @@ class _Segments:
     def __call__(self, seed: int, arm: str, phase: str, chunk: int, d: str, steps: int,
                  settings: Arm) -> None:
         resume = bool(committed_steps(os.path.join(d, "checkpoints")))
-        cfg = segment_config(self.study, self.size, self.data, settings, seed, d, steps, resume)
+        cfg = segment_config(self.study, self.size, self.data, settings, seed, d, steps, resume,
+                             self.ds)
         key = (seed, arm, phase, chunk)
         if key in self.done:
             if self.done[key] != fingerprint(cfg):  # another size, or an edited study file

@@ -35,12 +35,15 @@ class Arm:
       overrides: config key -> value (as on the command line) on top of the study's.
       label: its legend in figures (default: the name).
       datasets: the datasets it runs on (default: every one).
+      seeds: how many of the run's seeds it runs, the first ones (0: all): a measurement the
+        seed does not change (virtual-clock throughput) needs two for its interval, not all.
     """
 
     name: str
     overrides: dict = dataclasses.field(default_factory=dict)
     label: str = ""
     datasets: tuple[str, ...] = ()
+    seeds: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Size:
       seeds: the seeds (``train.seed``: init, data order, stragglers).
       back_at: chunks under an arm before it goes back to the reference arm (0: no back phase).
       overrides: config overrides of this size (data sizes, eval rows).
+      datasets: dataset name -> config overrides of this size for that dataset only, after
+        `overrides` (e.g. one dataset's epochs at this size).
     """
 
     base: int
@@ -63,6 +68,7 @@ class Size:
     seeds: tuple[int, ...]
     back_at: int = 0
     overrides: dict = dataclasses.field(default_factory=dict)
+    datasets: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         whole_run = self.base == 0 and self.chunks == 1  # may take the config's length
@@ -83,6 +89,15 @@ class Sweep:
       values: size name -> the values at that size (a size not named runs none).
       overrides: the arms' other settings (on top of the study's).
       datasets: the datasets it runs on (default: every one).
+      variant: what the arms hold fixed, as their names' prefix (``<variant> <name>=<value>``):
+        several sweeps of one key (each algorithm against the number of trainers) then share
+        one table per metric, a column each.
+      scaled: config key -> size name -> an amount per unit of the swept value; each arm sets
+        the key to amount x value (weak scaling: ``{"train.steps": {"quick": 120}}`` keeps
+        each trainer's steps as the trainers grow).
+      metrics: the summary keys its tables show (default: the study's metric); each one the
+        study's metric or in `Study.metrics`.
+      seeds: how many of the run's seeds its arms run (`Arm.seeds`; 0: all).
     """
 
     name: str
@@ -90,13 +105,21 @@ class Sweep:
     values: dict
     overrides: dict = dataclasses.field(default_factory=dict)
     datasets: tuple[str, ...] = ()
+    variant: str = ""
+    scaled: dict = dataclasses.field(default_factory=dict)
+    metrics: tuple[str, ...] = ()
+    seeds: int = 0
 
     def arms(self, size: str | None = None) -> tuple[Arm, ...]:
-        """Its arms at `size` (every size's, in value order, when None)."""
+        """Its arms at `size` (every size's, in value order, without the scaled keys, when
+        None)."""
         vals = self.values.get(size, ()) if size else sorted({v for vs in self.values.values()
                                                              for v in vs})
-        return tuple(Arm(f"{self.name}={v}", {**self.overrides, self.key: v}, f"{self.name} = {v}",
-                         self.datasets) for v in vals)
+        pre = f"{self.variant} " if self.variant else ""
+        return tuple(Arm(f"{pre}{self.name}={v}",
+                         {**self.overrides, self.key: v,
+                          **{k: per[size] * v for k, per in self.scaled.items() if size in per}},
+                         f"{pre}{self.name} = {v}", self.datasets, self.seeds) for v in vals)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +222,13 @@ class Study:
             if c.metric and c.metric != self.metric and c.metric not in self.metrics:
                 raise ValueError(f"study {self.name}: claim {c.text!r} compares {c.metric!r}, "
                                  "which is not in the study's metrics (not recorded)")
+        for sw in self.sweeps:
+            if set(sw.metrics) - {self.metric, *self.metrics}:
+                raise ValueError(f"study {self.name}: sweep {sw.name} shows a metric not in the "
+                                 f"study's metrics (not recorded): {sw.metrics}")
+        for name, size in self.sizes.items():
+            if set(size.datasets) - known:
+                raise ValueError(f"study {self.name}: size {name} names an unknown dataset")
 
     @property
     def all_arms(self) -> tuple[Arm, ...]:
