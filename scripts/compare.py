@@ -1,17 +1,17 @@
 """Studies that reproduce a paper's claims with seeds and verdict rules, written to runs/.
 
-    python scripts/compare.py shadowsync [--quick] [--seeds 0,1,2] [--out runs/compare_shadowsync]
-    python scripts/compare.py gba [--quick] [--seeds 0,1] [--out runs/compare_gba]  (scripts/studies/gba.py)
-    python scripts/compare.py persia [--quick] [--seeds 0,1] [--out runs/compare_persia]
+    python scripts/compare.py shadowsync [--quick | --smoke] [--seeds 0,1,2] [--out DIR]
+        [--doc docs/shadowsync.md]  (scripts/studies/shadowsync.py)
+    python scripts/compare.py gba [--quick] [--seeds 0,1] [--out DIR]  (scripts/studies/gba.py)
+    python scripts/compare.py persia [--quick] [--seeds 0,1] [--out DIR]
         (scripts/studies/persia.py)
 
-A study with a declarative file in scripts/studies/ runs through the study kit (recjax/study:
-arms x seeds from shared checkpoints or from scratch, paired intervals, verdicts; run again, it
-skips what it finished). Each study writes its results (JSON, markdown, figures) to ``--out``; a
-tracked doc under docs/ is written only when asked (``--doc docs/NAME.md``). Data paths come
-from ``--data`` or $RECJAX_DATA (default ../shared/data next to the checkout). ``shadowsync``
-(Zheng et al., arXiv 2003.03477) is scripts/compare_shadowsync.py; its verdict rules are
-scripts/shadowsync_verdicts.py.
+Each study is a declarative file in scripts/studies/ run by the study kit (recjax/study: arms x
+seeds from shared checkpoints or from scratch, paired intervals, verdicts; run again, it skips
+what it finished). Each writes its results (JSON, markdown, figure) to ``--out`` (default
+runs/compare_NAME, or runs/compare_NAME_quick / _smoke); a tracked doc under docs/ is written
+only when asked (``--doc docs/NAME.md``, between its generated-section markers). Data paths
+come from ``--data`` or $RECJAX_DATA (default ../shared/data next to the checkout).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-STUDIES = ("shadowsync", "gba", "persia")
+FILES = pathlib.Path(__file__).resolve().parent / "studies"
+STUDIES = sorted(p.stem for p in FILES.glob("*.py"))  # one declarative file per study
 
 
 def main(argv=None) -> int:
@@ -30,15 +31,10 @@ def main(argv=None) -> int:
         print(__doc__, file=sys.stderr)
         print(f"compare.py: first argument must be one of {', '.join(STUDIES)}", file=sys.stderr)
         return 2
-    path = pathlib.Path(__file__).resolve().parent / "studies" / f"{argv[0]}.py"
-    if path.exists():  # a declarative study file, run by the study kit (recjax/study)
-        import algorithms
-        from recjax import study
+    import algorithms
+    from recjax import study
 
-        return study.main(study.load(str(path)), argv[1:], algorithms.run)
-    from scripts import compare_shadowsync
-
-    return compare_shadowsync.main(argv[1:])
+    return study.main(study.load(str(FILES / f"{argv[0]}.py")), argv[1:], algorithms.run)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,6 @@ PACKAGES = ("recjax", "sharding", "algorithms", "scripts")  # lower layers first
 KNOWN_CYCLES = [
     # the Ray worker groups and the engine that makes them: issue 34 step 3 (engine seams)
     {"algorithms.runtime.engine", "algorithms.runtime.ray_workers"},
-    # the ShadowSync study's two halves: issue 34 step 5 (the study as a kit file)
-    {"scripts.compare_shadowsync", "scripts.shadowsync_report"},
 ]
 KNOWN_UPWARD = {
     # recjax.fit, the library's one call, runs an algorithm (algorithms.run) by its registry row

@@ -4,6 +4,7 @@ section 6).
 
     python scripts/compare.py gba --quick          # scripts/studies/gba.py through this kit
     python scripts/compare.py persia --quick       # scripts/studies/persia.py
+    python scripts/compare.py shadowsync --quick   # scripts/studies/shadowsync.py
 
 * `spec`: `Study`, `Arm`, `Size`, `Sweep`, `Claim` (what a study file declares);
 * `runner`: `run_study`, the segments with skip/resume;
