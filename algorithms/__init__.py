@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from algorithms.runtime.segments import run_in_segments
+from algorithms.runtime.segments import run_in_segments, with_latest
 from recjax import registry
 from recjax.config import Config
 
@@ -44,6 +44,13 @@ def run(cfg: Config) -> dict:
         if registry.REGISTRY[cfg.train.algo].kind == registry.HOST_ASYNC:
             return run_in_segments(RUNNERS[cfg.train.algo], cfg)  # checkpoint to checkpoint
         return RUNNERS[cfg.train.algo](cfg)
+    except BaseException as e:  # a Ray process the run needs died: say which, not Ray's error
+        ray = sys.modules.get("algorithms.runtime.ray_backend")  # imported by a Ray run
+        lost = ray.diagnose(e) if ray is not None else e
+        if lost is e:
+            raise
+        raise with_latest(lost, cfg.train.out) from e
     finally:  # whatever happened, no Ray process of this run outlives it
-        if "algorithms.runtime.ray_backend" in sys.modules:
-            sys.modules["algorithms.runtime.ray_backend"].shutdown()
+        ray = sys.modules.get("algorithms.runtime.ray_backend")
+        if ray is not None:
+            ray.shutdown()

@@ -3,6 +3,7 @@
     python scripts/faults.py                      # 3 cycles each of single, sync, shadow (minutes)
     python scripts/faults.py --cycles 20 --algos shadow --seed 3 --json faults.json
     python scripts/faults.py --out-cases          # the --out policy of 2-process runs
+    python scripts/faults.py --ray-cases all      # kill -9 of PS0, raylet, GCS, driver on Ray
 
 For each algorithm: one uninterrupted reference run, then the same run under faults. Each cycle
 starts the run (``--resume`` once a checkpoint exists), waits until it trains (a checkpoint newer
@@ -21,7 +22,9 @@ the cycles the run is resumed to its end. Reported per algorithm (issue 16's acc
 """
 
 import argparse
+import contextlib
 import json
+import os
 import pathlib
 import random
 import signal
@@ -128,6 +131,100 @@ def out_policy_cases(work: pathlib.Path, timeout: float) -> dict:
             "files_changed": sum(c["files_changed"] for c in cases), "processes_left": len(left)}
 
 
+RAY_VICTIMS = {  # name -> how to find the process among the run's (its /proc cmdline)
+    "ps0": "ray::_Host", "raylet": "raylet/raylet", "gcs": "gcs/gcs_server", "driver": "train.py"}
+
+
+def _procs(mark: str) -> dict[int, str]:
+    """pid -> cmdline of the processes whose environment carries ``FAULTS_MARK=mark``."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"FAULTS_MARK={mark}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out[int(pid)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # a zombie is no process
+                    del out[int(pid)]
+        except OSError:
+            continue
+    return out
+
+
+def ray_cases(work: pathlib.Path, timeout: float, victims=tuple(RAY_VICTIMS)) -> dict:
+    """Ray's own processes dying (issue 40 item 6): a GBA run on Ray with a checkpoint every
+    200 steps; once its second interval trains, kill -9 of GBA's PS0 actor, the raylet, GCS or
+    the driver. Each must stop without a traceback (the driver: at once), keep every committed
+    checkpoint (GCS: add one), resume on threads from the newest, and leave no process."""
+    cases = []
+    for name in victims:
+        out, log, mark = work / f"ray_{name}", work / f"ray_{name}.log", f"{name}-{time.time()}"
+        env = dict(os.environ, FAULTS_MARK=mark, PYTHONUNBUFFERED="1")
+        with open(log, "w") as f:
+            p = subprocess.Popen([sys.executable, TRAIN, *COMMON, "--algo", "gba", "--backend",
+                                  "ray", "--steps", "3000", "--train.ckpt_every=200", "--out",
+                                  str(out)], stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            cases.append(_ray_case(name, p, mark, out, log, timeout))
+        finally:  # this script failing must not leave a 3000-step run behind
+            if p.poll() is None:
+                p.kill()
+        print(json.dumps(cases[-1]), flush=True)
+    ok = all(c["killed"] and not c["traceback"] and not c["lost"] and c["resumed"]
+             and not c["processes_left"] and (c["exit"] == -9 if c["victim"] == "driver"
+                                              else c["exit"] not in (0, -9) and c["error"])
+             for c in cases)
+    return {"cases": cases, "ok": ok, "lost": sum(c["lost"] for c in cases),
+            "processes_left": sum(c["processes_left"] for c in cases)}
+
+
+def _ray_case(name, p, mark, out, log, timeout) -> dict:
+    """Kill `name` once the run `p` trains its second interval; what followed."""
+    t0, victim, before = time.monotonic(), None, []
+    metrics = out / "metrics.jsonl"
+    while p.poll() is None and time.monotonic() - t0 < timeout and victim is None:
+        procs = _procs(mark) if committed(out) else {}
+        hits = [q for q, cmd in procs.items() if RAY_VICTIMS[name] in cmd]
+        if hits and "ComputeServer" in " ".join(procs.values()):
+            size = metrics.stat().st_size if metrics.exists() else 0
+            while (metrics.exists() and metrics.stat().st_size == size
+                   and p.poll() is None and time.monotonic() - t0 < timeout):
+                time.sleep(0.1)  # until the interval trains: its roles write a record
+            time.sleep(1)
+            if hits[0] in _procs(mark):  # not the end of an interval
+                before = committed(out)
+                victim = p.pid if name == "driver" else hits[0]
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+        time.sleep(0.2)
+    t_kill = time.monotonic()
+    try:
+        code = p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        code = p.wait()
+    stopped_s = time.monotonic() - t_kill
+    deadline = time.monotonic() + 10
+    while _procs(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left, after, text = _procs(mark), committed(out), log.read_text()
+    resumed = None
+    if after:
+        r = subprocess.run([sys.executable, TRAIN, *COMMON, "--algo", "gba", "--steps",
+                            str(after[-1] + 10), "--out", str(out), "--resume"],
+                           capture_output=True, text=True, timeout=timeout)
+        resumed = r.returncode == 0
+    error = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    return {"victim": name, "killed": victim is not None, "exit": code,
+            "stopped_s": round(stopped_s, 1), "traceback": "Traceback" in text,
+            "error": error[-1] if error else "", "committed_before": before,
+            "committed_after": after, "lost": bool(before) and (
+                not after or after[-1] < before[-1]),
+            "resumed": resumed, "processes_left": len(left), "log": str(log)}
+
+
 def final_arrays(out: pathlib.Path) -> list:
     meta = json.loads((out / "checkpoints" / str(committed(out)[-1]) / "meta" / "metadata")
                       .read_text())
@@ -144,9 +241,20 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="also write the report here")
     ap.add_argument("--out-cases", action="store_true",
                     help="instead: the --out policy of 2-process runs (issue 40 item 3)")
+    ap.add_argument("--ray-cases", default="", metavar="VICTIMS",
+                    help="instead: kill -9 of Ray's own processes during a GBA run on Ray, "
+                         f"of {','.join(RAY_VICTIMS)} (or 'all'; issue 40 item 6)")
     a = ap.parse_args(argv)
     rng = random.Random(a.seed)
     work = pathlib.Path(a.workdir or tempfile.mkdtemp(prefix="recjax-faults-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if a.ray_cases:
+        names = RAY_VICTIMS if a.ray_cases == "all" else a.ray_cases.split(",")
+        rep = ray_cases(work, a.timeout, tuple(names))
+        print(json.dumps({k: v for k, v in rep.items() if k != "cases"}), flush=True)
+        if a.json:
+            pathlib.Path(a.json).write_text(json.dumps(rep, indent=2) + "\n")
+        return 0 if rep["ok"] else 1
     if a.out_cases:
         rep = out_policy_cases(work, a.timeout)
         print(json.dumps(rep, indent=1), flush=True)

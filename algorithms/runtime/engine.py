@@ -42,7 +42,7 @@ import numpy as np
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime import report, stragglers
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, Work, run_threaded, run_virtual
-from algorithms.runtime.segments import SEGMENT, Abandoned, stoppable
+from algorithms.runtime.segments import SEGMENT, Abandoned, StateLost, stoppable, with_latest
 from algorithms.runtime.supply import SharedList, StaticShards
 from algorithms.runtime.watchdog import Watchdog
 from recjax.concurrency import ThreadGroup
@@ -237,7 +237,7 @@ class Runtime:
 
             self.cluster = ray_backend.Cluster(cfg.ray)
             self.groups = ray_workers.Groups(self)
-            self._stop_saving = (KeyboardInterrupt, ray_ps.PsFailed)
+            self._stop_saving = (KeyboardInterrupt, ray_ps.PsFailed, ray_backend.ControlLost)
         self.num_workers = num_workers
         self.batch_size = batch_size or tc.batch_size
         self.data = open_data(cfg)
@@ -354,6 +354,7 @@ class Runtime:
 
         handle = self.cluster.spawn(ray_backend._Host, factory, *args, concurrency=16,
                                     resource=self.cfg.ray.ps_resource)
+        self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
         return ray_backend.Hosted(handle, cls, **proxy)
 
     def remote_fn(self, group: int, name: str, factory, *args):
@@ -489,9 +490,16 @@ class Runtime:
             roles = [dataclasses.replace(r, role=dog.watch(i, r.role))
                      for i, r in enumerate(roles)]
 
+        vital = self.cluster.check if self.cluster is not None else lambda now=False: None
+
         def on_poll():
             dog.check("recjax-rt-")
+            vital()
             self.report.on_poll()
+
+        def on_event(now: float) -> None:
+            vital()
+            self.report.on_event(now)
 
         self.report.on_wait = lambda: dog.check("recjax-rt-")
 
@@ -499,7 +507,7 @@ class Runtime:
             if signals.requested() and not (self.cfg.train.deterministic and self.periodic):
                 raise KeyboardInterrupt  # a stop signal came while the run was being set up
             if self.cfg.train.deterministic:
-                return run_virtual(roles, self.report.on_event)
+                return run_virtual(roles, on_event)
             if self.cluster is not None:  # compile every worker group before the clock runs
                 self.groups.warm_all(self.init_state.params, self.warm_batch)
             group = ThreadGroup("recjax-rt")
@@ -510,16 +518,37 @@ class Runtime:
             return sched
         except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint
             self.report.close()
-            if isinstance(e, Abandoned):
+            lost = self._diagnose(e)
+            if isinstance(lost, Abandoned):
                 last = self.ckpt.latest_step() if self.ckpt is not None else None
                 print(f"stopped at once; the checkpoint at step {last} is the latest")
-            elif isinstance(e, (*self._stop_saving, TimeoutError)):
+            elif isinstance(lost, StateLost):
+                lost = self._with_latest(lost)
+            elif isinstance(lost, (*self._stop_saving, TimeoutError)):
                 self._save_stopped(snapshot, workers, "interrupted"
-                                   if isinstance(e, KeyboardInterrupt) else "stopped")
+                                   if isinstance(lost, KeyboardInterrupt) else "stopped")
             self.close()
-            raise
+            if lost is e:
+                raise
+            raise lost from e
         finally:
             supply.close()
+
+    def _with_latest(self, e: StateLost) -> StateLost:
+        if self.ckpt is not None:
+            self.ckpt.close()  # an async save in flight commits first
+        return with_latest(e, self.cfg.train.out)
+
+    def _diagnose(self, e: BaseException) -> BaseException:
+        """The failure to act on: `e`, or under Ray the death of a vital process that caused
+        it (a role's call to an actor of a dead raylet fails in Ray's own words first)."""
+        if self.cluster is None or isinstance(e, (StateLost, KeyboardInterrupt)):
+            return e
+        try:
+            self.cluster.check(now=True)
+        except OSError as lost:
+            return lost
+        return e
 
     def _save_stopped(self, snapshot, workers, why: str) -> None:
         """Checkpoint the roles' state after they stopped early (Ctrl-C, a lost PS)."""
@@ -542,6 +571,14 @@ class Runtime:
             step each).
         """
         cfg, tc = self.cfg, self.cfg.train
+        if self.cluster is not None:  # roles that all ended on a dead raylet end here
+            try:
+                self.cluster.check(now=True)
+            except StateLost as e:
+                self.close()
+                raise self._with_latest(e) from None
+            except OSError:  # only GCS is gone: the actors' state is whole, finish as planned
+                pass
         iterations = sum(w.counters.iterations for w in workers)
         step = self.start_step + iterations if step is None else step
         state = self.state(params, opt_state, step)

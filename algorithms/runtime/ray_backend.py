@@ -23,7 +23,10 @@ the other roles go on. A PS actor that dies is restarted from its last in-memory
 (every ``ray.snapshot_every`` pushes, kept in the object store by the driver) and the request
 is retried; the pushes applied since the snapshot are lost and counted. After
 ``ray.max_ps_restarts`` restarts of one shard the run stops with `PsFailed`. ``ray.kill``
-injects both faults with SIGKILL (tests/test_ray_backend.py).
+injects both faults with SIGKILL (tests/test_ray_backend.py). Ray's own processes (GCS, the
+raylet) and the actors of hosted servers are watched by `Cluster.check`: their death stops the
+run with a message naming them (`ControlLost`: checkpointed; `StateLost`: the latest committed
+checkpoint stands), and `reaper.py` cleans up after a killed driver (docs/distributed.md).
 
 Checkpoints. Pushes are synchronous (a role's push returns once every shard applied it), so
 when the roles have stopped no push is in flight: the snapshot the engine writes after the
@@ -39,12 +42,17 @@ import logging
 import os
 import pathlib
 import signal as signal_lib
+import time
+import uuid
 from typing import Any
 
 import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
+from algorithms.runtime import reaper
+from algorithms.runtime.reaper import MARK
+from algorithms.runtime.segments import StateLost
 from recjax.config import RayConfig
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the repository: recjax, algorithms
@@ -137,17 +145,52 @@ def sigkill(handle, pid: int) -> None:
         _ray().kill(handle, no_restart=True)
 
 
+class ControlLost(OSError):
+    """Ray's GCS server died while the actors, and so the run's state, are still reachable:
+    the engine stops the roles and checkpoints that state (Ray itself would end the driver
+    60 s after losing its GCS)."""
+
+
+CHECK_S = 0.5  # how often `Cluster.check` looks at the vital processes
+QUIET = "RAY_IGNORE_UNHANDLED_ERRORS"
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Whether process `pid` (created at `started`) still runs (a zombie does not)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        return p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class Cluster:
     """The run's Ray instance and the actors it started.
 
     Starts a local instance (``ray.address`` empty) or joins a cluster; `stop` kills every
     actor of the run and shuts a local instance down, leaving no process behind.
+
+    Vital processes (docs/distributed.md, "Failures"): `check` raises when one has died, so the
+    run stops with a message instead of a traceback or Ray's own 60 s timeout:
+    * the local instance's GCS server: `ControlLost`, the state is checkpointed from the actors;
+    * its raylet (every actor dies with it) or a hosted server's actor (`watch`; GBA's PS0, the
+      dense PS of async and ShadowSync, which are not restarted): `StateLost`, no checkpoint can
+      be written, the last committed one stands.
+    Every process of a local instance carries ``MARK`` in its environment, so `stop` finds and
+    kills the ones Ray's shutdown leaves (agents whose raylet or GCS died linger for minutes).
     """
 
     def __init__(self, rc: RayConfig):
         ray = _ray()
         self.rc, self.actors, self.started = rc, [], False
         self._remote: dict[type, Any] = {}
+        self._vital: dict[int, tuple[str, float, type]] = {}  # pid -> (what, created, error)
+        self._checked, self.token, self._env_quiet = 0.0, "", None
+        self._core: dict = {}  # GCS and the raylet, as in `_vital`
+        self._agents: list[tuple[int, float]] = []  # the raylet's agents (no MARK: own env)
+        self._reaper = None
         if not ray.is_initialized():
             if rc.address:  # another host may not have this checkout: ship the packages
                 env = {"py_modules": [os.path.join(ROOT, m) for m in
@@ -158,13 +201,93 @@ class Cluster:
                 path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
                 # "local": a new instance even when `ray start` left one on this host;
                 # reachable from this host only (`_loopback_node`)
-                with _loopback_node():
-                    ray.init(address="local", num_cpus=rc.num_cpus or None,
-                             include_dashboard=False, logging_level=logging.WARNING,
-                             _node_ip_address=LOOPBACK, _system_config=system_config(rc),
-                             runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
+                self.token = uuid.uuid4().hex
+                os.environ[MARK] = self.token  # inherited by GCS, the raylet and its children
+                try:
+                    with _loopback_node():
+                        ray.init(address="local", num_cpus=rc.num_cpus or None,
+                                 include_dashboard=False, logging_level=logging.WARNING,
+                                 _node_ip_address=LOOPBACK, _system_config=system_config(rc),
+                                 runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
+                finally:
+                    del os.environ[MARK]
+                node = ray._private.worker._global_node
+                for key, what, err in (("gcs_server", "Ray's GCS server", ControlLost),
+                                       ("raylet", "Ray's raylet", StateLost)):
+                    for info in node.all_processes.get(key, []):
+                        self._watch_pid(info.process.pid, what, err)
+                self._core = dict(self._vital)
+                self._agents = self._children(next(iter(node.all_processes.get("raylet", [])),
+                                                   None))
+                self._reaper = self._start_reaper()
             self.started = True
             _CLUSTERS.append(self)
+
+    def _start_reaper(self):
+        """`reaper.py`'s process, told the instance's processes: it kills what is left of the
+        instance if this process dies unasked (kill -9: the agents would wait ~40 s)."""
+        import subprocess
+        import sys
+
+        r = subprocess.Popen([sys.executable, reaper.__file__, self.token],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        pids = [*self._core, *(p for p, _ in self._agents)]
+        r.stdin.write("".join(f"{p} {reaper.start_time(p)}\n" for p in pids))
+        r.stdin.flush()
+        return r
+
+    @staticmethod
+    def _children(info) -> list[tuple[int, float]]:
+        """(pid, created) of the raylet's child processes: its agents, started with an
+        environment of their own (so without ``MARK``)."""
+        import psutil
+
+        if info is None:
+            return []
+        try:
+            return [(c.pid, c.create_time()) for c in psutil.Process(info.process.pid).children()]
+        except psutil.Error:
+            return []
+
+    def _quiet_orphans(self) -> None:
+        """The results of calls on a dead process that no role reads any more: Ray would print
+        each as an "Unhandled error" traceback when it is freed; the run's error says why."""
+        if self._env_quiet is None:
+            self._env_quiet = os.environ.get(QUIET, "")
+            os.environ[QUIET] = "1"
+
+    def _watch_pid(self, pid: int, what: str, err: type) -> None:
+        import psutil
+
+        with contextlib.suppress(psutil.Error):  # already gone: `check` says so
+            self._vital[pid] = (what, psutil.Process(pid).create_time(), err)
+
+    def watch(self, handle, what: str) -> None:
+        """Stop the run (`StateLost`) when `handle`'s actor dies: it holds state that is not
+        restarted (a local instance only: on a cluster the actor's host may be another)."""
+        if self.started:
+            self._watch_pid(_ray().get(handle.pid.remote()), what, StateLost)
+
+    def check(self, now: bool = False) -> None:
+        """Raise `ControlLost` or `StateLost` if a vital process has died (looks every
+        ``CHECK_S`` seconds, or at once with `now`)."""
+        t = time.monotonic()
+        if not now and t - self._checked < CHECK_S:
+            return
+        self._checked = t
+        dead = [(pid, what, err) for pid, (what, started, err) in self._vital.items()
+                if not _alive(pid, started)]
+        if not dead:
+            return
+        pid, what, err = min(dead, key=lambda d: d[2] is ControlLost)  # state lost comes first
+        self._quiet_orphans()
+        if err is ControlLost:
+            raise ControlLost(f"{what} (pid {pid}) died; the actors still held the run's "
+                              "state, so the run stopped and checkpointed it: continue with "
+                              "--resume")
+        raise StateLost(f"{what} (pid {pid}) died, and the run's state held there with it "
+                        "(Ray does not restart it); the run stops without a new checkpoint")
 
     def spawn(self, cls: type, *args, concurrency: int = 1, resource: str = "",
               xla_threads: int = 1) -> Any:
@@ -185,15 +308,54 @@ class Cluster:
 
     def stop(self) -> None:
         ray = _ray()
-        for h in self.actors:
-            with contextlib.suppress(Exception):  # already gone
-                ray.kill(h, no_restart=True)
+        broken = self.started and any(not _alive(pid, started) for pid, (_, started, _e)
+                                       in self._core.items())
+        if broken:  # GCS or the raylet is gone: asking Ray to kill would wait on them
+            self._kill_marked()
+        else:
+            for h in self.actors:
+                with contextlib.suppress(Exception):  # already gone
+                    ray.kill(h, no_restart=True)
         self.actors = []
         if self.started:
             ray.shutdown()
             self.started = False
             if self in _CLUSTERS:
                 _CLUSTERS.remove(self)
+            deadline = time.monotonic() + 5  # Ray's processes exit on their own after shutdown
+            while (reaper.marked(self.token) or any(_alive(p, t) for p, t in self._agents)) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+            self._kill_marked()  # what is left (e.g. agents waiting for a dead GCS)
+            if self._reaper is not None:  # nothing left for it to do: let it go
+                self._reaper.stdin.close()
+                self._reaper.wait()
+                self._reaper = None
+        if self._env_quiet is not None:
+            if self._env_quiet:
+                os.environ[QUIET] = self._env_quiet
+            else:
+                os.environ.pop(QUIET, None)
+            self._env_quiet = None
+
+    def _kill_marked(self) -> None:
+        """SIGKILL every process of the local instance still running: the ones with ``MARK``
+        and the raylet's agents (which, their raylet or GCS gone, wait minutes to exit)."""
+        reaper.kill(reaper.marked(self.token) + [p for p, t in self._agents if _alive(p, t)])
+
+
+def diagnose(e: BaseException) -> BaseException:
+    """`e`, or a `StateLost` saying which vital process of a running instance died (while the
+    run set up or finished: outside the roles, where `Cluster.check` is not polled, the first
+    sign is an error of Ray's own, e.g. an actor "died because its owner has died")."""
+    if isinstance(e, (StateLost, ControlLost, KeyboardInterrupt)):
+        return e
+    for c in _CLUSTERS:
+        try:
+            c.check(now=True)
+        except OSError as lost:
+            return StateLost(str(lost).split(";")[0] + "; the run stops without a new checkpoint")
+    return e
 
 
 def shutdown() -> None:
@@ -323,7 +485,8 @@ class Hosted:
         if name in self._local:
             return self._local[name]
         if not callable(getattr(self._cls, name, None)):
-            return ray.get(self._handle.attr.remote(name))
+            with self._lost():
+                return ray.get(self._handle.attr.remote(name))
 
         def method(*args):
             args = tuple(host_value(a) if not isinstance(a, ShardGrads) and not
@@ -332,12 +495,23 @@ class Hosted:
                 out = tuple(self._handle.call.options(num_returns=self._by_ref[name]).remote(
                     name, *args))
             else:
-                out = ray.get(self._handle.call.remote(name, *args))
+                with self._lost():
+                    out = ray.get(self._handle.call.remote(name, *args))
             if name in self._mutating and "signal" in self._local:
                 self._local["signal"].notify()
             return out
 
         return method
+
+    @contextlib.contextmanager
+    def _lost(self):
+        """Its actor's death as `StateLost` (the server's state is not restarted)."""
+        try:
+            yield
+        except _ray().exceptions.ActorDiedError as e:
+            raise StateLost(f"the Ray actor of {self._cls.__name__} died, and the run's state "
+                            "held there with it (it is not restarted); the run stops without a "
+                            "new checkpoint") from e
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{self._cls.__name__} lives in a Ray actor; set {name} through "

@@ -9,17 +9,32 @@ clock so that stop signals end it between events.
 from __future__ import annotations
 
 import contextvars
+import os
 from collections.abc import Callable
 
 from recjax import registry
 from recjax.config import Config
-from recjax.train import signals
+from recjax.train import contract, signals
 
 # The step a run of several checkpoint intervals started at (`run_in_segments` sets it while it
 # calls the algorithm for the second interval on; None: the call is the run's first).
 SEGMENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("recjax_segment", default=None)
 
 HOST_ASYNC = registry.names(kind=registry.HOST_ASYNC)  # the algorithms that run on this engine
+
+
+class StateLost(OSError):
+    """A process that holds part of the run's state and is not restarted died (under Ray: the
+    raylet, or a hosted server's actor): the run stops without a checkpoint; the engine adds
+    which committed checkpoint is the latest."""
+
+
+def with_latest(e: StateLost, out: str) -> StateLost:
+    """`e`, its message naming the run's latest committed checkpoint (what survives it)."""
+    steps = contract.committed_steps(os.path.join(out, "checkpoints")) if out else []
+    where = (f"the latest committed checkpoint is step {steps[-1]} in {out}: continue from it "
+             "with --resume") if steps else "the run has no committed checkpoint"
+    return StateLost(f"{e}; {where}")
 
 
 class Abandoned(KeyboardInterrupt):
