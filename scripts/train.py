@@ -3,59 +3,12 @@
 With no arguments: DLRM on the built-in synthetic data (see recjax/configs.py `default`).
 """
 
-import json
-import os
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from recjax import cli  # noqa: E402
-
-SUMMARY_KEYS = ["algorithm", "model", "dataset", "eval_dataset", "steps", "examples", "wall_seconds",
-                "examples_per_sec", "train_ne", "eval_auc", "eval_logloss", "eval_ne",
-                "eval_calibration", "bayes_eval_ne", "eval_ne_gap_to_bayes"]
-
-
-def main(argv=None) -> int:
-    cfg, args = cli.parse(argv, __doc__.splitlines()[0])
-    if args.print_config:
-        print(json.dumps(cfg.to_dict(), indent=2))
-        return 0
-    from recjax import compile_cache
-
-    compile_cache.enable(cfg.train.compile_cache)
-    import algorithms  # after parsing: --help stays instant
-
-    try:
-        summary = algorithms.run(cfg)
-    except (ValueError, OSError) as e:  # bad input/config/paths: a message, not a traceback
-        if args.debug:
-            raise
-        print(f"error: {e}\n(run with --debug for the traceback)", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        from recjax.train.signals import exit_quietly
-
-        exit_quietly(130)  # a further Ctrl-C while JAX shuts down: no atexit traceback
-        print("interrupted; the last checkpoint (if --out was given) is intact", file=sys.stderr)
-        return 130
-    if "stopped_at" in summary:
-        return 0
-    width = max(map(len, SUMMARY_KEYS))
-    for k in SUMMARY_KEYS:
-        if summary.get(k) is not None:
-            v = summary[k]
-            if k == "examples_per_sec" and summary.get("clock") == "virtual":
-                k = "examples_per_virtual_sec"  # a modelled rate, not a measured one
-            if isinstance(v, float) and v != v:  # NaN: undefined (e.g. a one-class eval set)
-                print(f"{k:>{width}}  unavailable (see the warning above)")
-                continue
-            print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
-    if cfg.train.out:
-        print(f"{'out':>{width}}  {os.path.abspath(cfg.train.out)}")
-    return 0
-
+from algorithms.train_main import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

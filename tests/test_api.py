@@ -138,7 +138,7 @@ def test_one_class_eval_set_warns_with_what_to_do_and_prints_unavailable(capsys,
     assert "warning: eval AUC/NE are undefined" in capsys.readouterr().out
 
     import algorithms
-    from scripts import train as train_script
+    from algorithms import train_main as train_script
 
     monkeypatch.setattr(algorithms, "run", lambda cfg: {k: s[k] for k in ("eval_auc", "eval_logloss",
                                                                             "eval_ne", "steps")})

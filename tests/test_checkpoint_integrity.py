@@ -289,7 +289,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeyp
     the step before stays restorable; scripts/train.py prints it as one error line."""
     import errno
 
-    from scripts import train
+    from algorithms import train_main as train
 
     ck = _saved(tmp_path, [10], keep=1)
     real = ck._mngr.save

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
+from algorithms.train_main import main
 from recjax import cli
 from recjax.config import ConfigError, override
 from recjax.configs import default
-from scripts.train import main
 from tests.conftest import ROOT, data_path
 
 

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
+from algorithms.train_main import main
 from recjax import cli, configs
 from recjax.config import ConfigError
 from recjax.config_files import load
-from scripts import collect
-from scripts.train import main
+from recjax.tools import collect
 from tests.conftest import ROOT
 
 

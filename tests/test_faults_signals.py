@@ -186,7 +186,7 @@ def test_no_traceback_from_a_ctrl_c_after_exit_130(tmp_path):
         import atexit, os, signal, sys, time
         sys.path.insert(0, {ROOT!r})
         import algorithms
-        from scripts import train
+        from algorithms import train_main as train
 
         def interrupted(cfg):
             raise KeyboardInterrupt

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from scripts import plot
+from recjax.tools import plot
 
 
 def _run(d: pathlib.Path, algo: str, ne: list[float], virtual: bool, **summary) -> pathlib.Path:

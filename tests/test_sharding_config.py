@@ -2,8 +2,8 @@
 
 import pytest
 
+from algorithms.train_main import main
 from recjax.train import loop
-from scripts.train import main
 from sharding import mesh, rules
 
 

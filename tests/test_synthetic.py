@@ -88,7 +88,7 @@ def test_presets_and_unknown_name():
 
 def test_default_run_reaches_bayes_ne(tmp_path):
     """Issue acceptance: `python scripts/train.py` ends within 0.02 NE of the Bayes optimum."""
-    from scripts.train import main
+    from algorithms.train_main import main
 
     assert main(["--out", str(tmp_path), "--no-progress"]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
