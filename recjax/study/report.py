@@ -385,7 +385,8 @@ def _figure_runs(study: Study, results: dict[str, list[dict]], path: str, plt) -
         row[0].errorbar(range(len(arms)), [statistics.fmean(x) for x in xs],
                         yerr=[statistics.stdev(x) if len(x) > 1 else 0 for x in xs],
                         fmt="o", capsize=3, color="k")
-        row[0].set_xticks(range(len(arms)), [a.label or a.name for a in arms], fontsize=7)
+        row[0].set_xticks(range(len(arms)), [a.label or a.name for a in arms], fontsize=7,
+                          **(dict(rotation=30, ha="right") if len(arms) > 5 else {}))
         row[0].set_title(f"{ds}: {study.metric} per arm (mean ± sd)", fontsize=9)
         row[0].set_ylabel(study.metric)
         for ax, (group, k) in zip(row[1:], panels):
@@ -395,11 +396,16 @@ def _figure_runs(study: Study, results: dict[str, list[dict]], path: str, plt) -
             if not any(pts for _, pts in lines):
                 ax.axis("off")
                 continue
-            for sw, pts in lines:
+            for i, (sw, pts) in enumerate(lines):
+                # several lines: each thinner, with its own marker, on top of the one before,
+                # so that lines that coincide (no sync and a free sync) both show
+                style = dict(fmt="o-") if len(lines) == 1 else dict(
+                    fmt="-" + "osD^v"[i % 5], lw=1 + 2.5 * (len(lines) - 1 - i) / len(lines),
+                    ms=8 - 5 * i / len(lines), zorder=2 + i)
                 if pts:
                     ax.errorbar([v for v, _ in pts], [statistics.fmean(x) for _, x in pts],
                                 yerr=[statistics.stdev(x) if len(x) > 1 else 0 for _, x in pts],
-                                fmt="o-", capsize=3, label=sw.variant or None)
+                                capsize=3, label=sw.variant or None, **style)
             vals = sorted({v for _, pts in lines for v, _ in pts})
             ax.set_xscale("symlog", base=2, linthresh=1)
             ax.set_xticks(vals, [str(v) for v in vals])
