@@ -111,6 +111,37 @@ def test_a_segment_whose_checkpoint_finished_is_read_back(tmp_path):
     assert again.calls == [] and len(res["synthetic"]) == len(lines)
 
 
+def test_a_segment_stopped_between_its_checkpoint_and_its_summary_is_evaluated(tmp_path):
+    """Killed after the segment's last checkpoint but before its summary.json: a host-async
+    run refuses a checkpoint at its end ("raise --steps"), so the study could never go on
+    (a fuzz pass of kill/rerun cycles found it stuck). The runner has the single-device
+    trainer evaluate that checkpoint instead; the record says so and has no counters."""
+    run = FakeRun()
+    runner.run_study(STUDY, "quick", str(tmp_path), run, log=lambda s: None)
+    path = tmp_path / "synthetic" / "segments.jsonl"
+    lost = lambda r: (r["seed"], r["arm"], r["phase"], r["step"]) == (2, "b", "forward", 25)
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows if not lost(r)))
+    (tmp_path / "work" / "synthetic" / "seed2" / "b" / "summary.json").unlink()  # gba, bsp
+
+    class Eval(FakeRun):  # what the single trainer does at a finished checkpoint
+        def __call__(self, cfg):
+            tc = cfg.train
+            self.calls.append((tc.out, tc.algo, tc.steps, tc.resume))
+            s = {"steps": tc.steps, "resumed_from_step": tc.steps,
+                 "eval_auc": 0.7 + tc.steps / 1e4 + tc.seed / 1e3}
+            (pathlib.Path(tc.out) / "summary.json").write_text(json.dumps(s))
+            return s
+
+    again = Eval()
+    res = runner.run_study(STUDY, "quick", str(tmp_path), again, log=lambda s: None)
+    w = str(tmp_path / "work" / "synthetic" / "seed2" / "b")
+    assert again.calls == [(w, "single", 25, True)]
+    (last,) = [r for r in res["synthetic"] if lost(r)]
+    assert last["evaluated_only"] and last["eval_auc"] == pytest.approx(0.7 + 0.0025 + 0.002)
+    assert last["updates"] is None  # the counters of that segment are not known
+
+
 def test_the_gba_study_file_names_the_papers_effects():
     study = load(str(ROOT / "scripts" / "studies" / "gba.py"))
     effects = {(c.arm, c.phase): c.effect for c in study.claims if c.kind == "less"}

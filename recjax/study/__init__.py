@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import runpy
+import sys
 import time
 
 from recjax.study.spec import Arm, Claim, Size, Study, Sweep
@@ -65,9 +66,20 @@ def main(study: Study, argv: list[str], run) -> int:
                                   + ("" if size == "full" else f"_{size}"))
     seeds = tuple(int(s) for s in a.seeds.split(",")) if a.seeds else None
     t0 = time.perf_counter()
-    results = runner.run_study(study, size, a.out, run,
-                               a.datasets.split(",") if a.datasets else None, seeds,
-                               log=lambda s: print(s, flush=True))
+    try:
+        results = runner.run_study(study, size, a.out, run,
+                                   a.datasets.split(",") if a.datasets else None, seeds,
+                                   log=lambda s: print(s, flush=True))
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the finished segments are on disk
+        from recjax.train.signals import exit_quietly
+
+        exit_quietly(130)
+        print(f"interrupted; the finished segments are kept in {a.out}: the same command "
+              "goes on from them", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as e:  # a bad setting, a damaged file: a message
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     facts = {ds: runner.describe(study, size, ds) for ds in results} if study.describe else {}
     secs = time.perf_counter() - t0
     command = " ".join(["python scripts/compare.py", study.name, *argv])

@@ -20,6 +20,7 @@ checkpoint reached its step before its record was written is read back from its 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -114,6 +115,12 @@ def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
         s, _ = read_summary(os.path.join(out, "summary.json"))
         if s is not None and s["steps"] == (steps or done[-1]):
             return _record(s, study)
+        if steps and done[-1] == steps and cfg.train.algo != "single":
+            # stopped between its last checkpoint and its summary: nothing is left to train,
+            # and a host-async run refuses a checkpoint at its end; the single-device trainer
+            # evaluates it (every algorithm checkpoints that layout). Counters: none.
+            ev = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, algo="single"))
+            return {**_record(run(ev), study), "evaluated_only": True}
     return _record(run(cfg), study)
 
 
