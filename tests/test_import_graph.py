@@ -108,3 +108,14 @@ def test_the_library_imports_no_script():
     graph = import_graph()
     assert not [(m, d) for m, deps in graph.items() if not m.startswith("scripts")
                 for d in deps if d.startswith("scripts")]
+
+
+def test_no_test_imports_a_script():
+    """Tests call the library (a script's body lives there) or run a script as a user does."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [(path.name, n) for n in names if n.split(".")[0] == "scripts"]
+    assert found == []

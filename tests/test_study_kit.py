@@ -115,7 +115,8 @@ def test_a_segment_stopped_between_its_checkpoint_and_its_summary_is_evaluated(t
     """Killed after the segment's last checkpoint but before its summary.json: a host-async
     run refuses a checkpoint at its end ("raise --steps"), so the study could never go on
     (a fuzz pass of kill/rerun cycles found it stuck). The runner has the single-device
-    trainer evaluate that checkpoint instead; the record says so and has no counters."""
+    trainer evaluate that checkpoint instead; the record says so, and keeps no rate or counter
+    (those would be the zero-step evaluation's, not the segment's)."""
     run = FakeRun()
     runner.run_study(STUDY, "quick", str(tmp_path), run, log=lambda s: None)
     path = tmp_path / "synthetic" / "segments.jsonl"
@@ -128,7 +129,7 @@ def test_a_segment_stopped_between_its_checkpoint_and_its_summary_is_evaluated(t
         def __call__(self, cfg):
             tc = cfg.train
             self.calls.append((tc.out, tc.algo, tc.steps, tc.resume))
-            s = {"steps": tc.steps, "resumed_from_step": tc.steps,
+            s = {"steps": tc.steps, "resumed_from_step": tc.steps, "updates": 0,
                  "eval_auc": 0.7 + tc.steps / 1e4 + tc.seed / 1e3}
             (pathlib.Path(tc.out) / "summary.json").write_text(json.dumps(s))
             return s
@@ -139,7 +140,7 @@ def test_a_segment_stopped_between_its_checkpoint_and_its_summary_is_evaluated(t
     assert again.calls == [(w, "single", 25, True)]
     (last,) = [r for r in res["synthetic"] if lost(r)]
     assert last["evaluated_only"] and last["eval_auc"] == pytest.approx(0.7 + 0.0025 + 0.002)
-    assert last["updates"] is None  # the counters of that segment are not known
+    assert last["updates"] is None  # the segment's counters are not the evaluation's (0)
 
 
 def test_the_gba_study_file_names_the_papers_effects():

@@ -118,9 +118,13 @@ def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
         if steps and done[-1] == steps and cfg.train.algo != "single":
             # stopped between its last checkpoint and its summary: nothing is left to train,
             # and a host-async run refuses a checkpoint at its end; the single-device trainer
-            # evaluates it (every algorithm checkpoints that layout). Counters: none.
+            # evaluates it (every algorithm checkpoints that layout).
             ev = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, algo="single"))
-            return {**_record(run(ev), study), "evaluated_only": True}
+            row = _record(run(ev), study)
+            # only the evaluation is that of the segment: its rates and counters are unknown
+            return {**{k: (v if k in ("step", "resumed_from_step", study.metric)
+                           or k.startswith("eval_") else None) for k, v in row.items()},
+                    "evaluated_only": True}
     return _record(run(cfg), study)
 
 
