@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     import algorithms
     from recjax import study
 
-    return study.main(study.load(str(FILES / f"{argv[0]}.py")), argv[1:], algorithms.run)
+    return study.run_file(str(FILES / f"{argv[0]}.py"), argv[1:], algorithms.run)
 
 
 if __name__ == "__main__":

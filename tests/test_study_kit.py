@@ -2,6 +2,7 @@
 segments run, in what order, with which settings, from which checkpoint; skip and resume; the
 claims' paired differences against a hand computation."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+import recjax.study as study_kit
 from recjax.study import Arm, Claim, Size, Study, load, report, runner
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -182,3 +184,29 @@ def test_records_of_other_settings_are_never_reused(tmp_path):
     edited = dataclasses.replace(STUDY, overrides={"train.batch_size": 32})
     with pytest.raises(ValueError, match="run under other settings"):
         runner.run_study(edited, "quick", str(tmp_path), FakeRun(), log=lambda s: None)
+
+
+def test_a_bad_study_file_is_one_error_line(tmp_path, capsys):
+    """A fuzz pass over study files (issue 40, the kit as a new surface): 15 mutations of the
+    GBA study file; 8 of them ended in a traceback. Each is now one line naming the file (and
+    the line of a syntax error), exit 2; a NaN effect, which passed silently, is refused."""
+    src = (ROOT / "scripts" / "studies" / "gba.py").read_text()
+    cases = {"syntax": (src.replace("MODES = (", "MODES = ((", 1), ":21: '(' was never closed"),
+             "nan": (src.replace("WITHIN = 0.001", "WITHIN = float('nan')"), "finite number"),
+             "none": (src.replace("STUDY = Study(", "OTHER = Study("), "defines STUDY"),
+             "ref": (src.replace('reference="single"', 'reference="x"'), "the reference 'x'")}
+    for name, (text, why) in cases.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        assert study_kit.run_file(str(path), ["--smoke"], FakeRun()) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {path}") and why in err and "Traceback" not in err, err
+
+
+def test_a_metric_no_run_reports_and_a_study_with_no_data_are_errors(tmp_path, capsys):
+    bad = dataclasses.replace(STUDY, metric="eval_fooness")
+    with pytest.raises(ValueError, match="'eval_fooness' is not in a run's summary"):
+        runner.run_study(bad, "quick", str(tmp_path / "a"), FakeRun(), log=lambda s: None)
+    gone = dataclasses.replace(STUDY, datasets={"synthetic": {"data.train": "criteo:no/such.tsv"}})
+    assert study_kit.main(gone, ["--quick", "--out", str(tmp_path / "b")], FakeRun()) == 2
+    assert "no dataset of the study could run" in capsys.readouterr().err

@@ -28,11 +28,30 @@ __all__ = ["Arm", "Claim", "Size", "Study", "Sweep", "load", "main"]
 
 
 def load(path: str) -> Study:
-    """The `Study` named ``STUDY`` in the study file at `path`."""
-    study = runpy.run_path(path).get("STUDY")
+    """The `Study` named ``STUDY`` in the study file at `path`.
+
+    Raises:
+      ValueError: naming the file (and the line, for a syntax error) and what is wrong.
+    """
+    try:
+        study = runpy.run_path(path).get("STUDY")
+    except SyntaxError as e:
+        raise ValueError(f"{path}:{e.lineno}: {e.msg}") from e
+    except (ValueError, TypeError) as e:  # a spec's own check (spec.py), or a wrong argument
+        raise ValueError(f"{path}: {e}") from e
     if not isinstance(study, Study):
         raise ValueError(f"{path}: a study file defines STUDY = recjax.study.Study(...)")
     return study
+
+
+def run_file(path: str, argv: list[str], run) -> int:
+    """`main` of the study file at `path`: a file that does not load is one error line."""
+    try:
+        study = load(path)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return main(study, argv, run)
 
 
 def main(study: Study, argv: list[str], run) -> int:
@@ -79,6 +98,10 @@ def main(study: Study, argv: list[str], run) -> int:
         return 130
     except (ValueError, OSError) as e:  # a bad setting, a damaged file: a message
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not results:
+        print("error: no dataset of the study could run (each one's reason is above)",
+              file=sys.stderr)
         return 2
     facts = {ds: runner.describe(study, size, ds) for ds in results} if study.describe else {}
     secs = time.perf_counter() - t0

@@ -88,6 +88,9 @@ def _get(summary: dict, key: str):
 
 
 def _record(summary: dict, study: Study) -> dict:
+    if study.metric not in summary:
+        raise ValueError(f"study {study.name}: its metric {study.metric!r} is not in a run's "
+                         f"summary; a summary has {', '.join(sorted(summary))}")
     row = {"step": summary["steps"], "resumed_from_step": summary.get("resumed_from_step"),
            study.metric: summary[study.metric]}
     for k in study.metrics:

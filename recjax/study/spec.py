@@ -22,6 +22,7 @@ reads like the commands it stands for and can be diffed against the paper's setu
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,9 @@ class Claim:
                 or self.scale not in ("diff", "ratio")):
             raise ValueError(f"claim {self.text!r}: kind must be one of {KINDS}, phase forward "
                              "or back, scale diff or ratio")
+        if self.effect is not None and not math.isfinite(self.effect):
+            raise ValueError(f"claim {self.text!r}: its effect must be a finite number (or None "
+                             f"for a direction only), got {self.effect!r}")
         if self.scale == "ratio" and self.effect is not None and self.effect <= 0:
             raise ValueError(f"claim {self.text!r}: a ratio claim's effect is a ratio (> 0)")
 
