@@ -62,7 +62,7 @@ _CLUSTERS: list[Cluster] = []  # started by this process, stopped by `shutdown`
 # pool's size is PJRT's CPU client's, ``PJRT_NPROC`` or else the host's cores (XLA_FLAGS do not
 # set it); a group of m workers gets m (`Cluster.spawn`), since its workers' computations run
 # on that pool. On the 2-core box, async PS with 2 worker processes: 0.66 -> 0.73 of threads
-# (docs/performance.md, "Since (fourteenth session)").
+# (docs/performance.md, "One XLA thread per actor").
 ACTOR_ENV = {"PJRT_NPROC": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
 
 
