@@ -3,7 +3,7 @@
     python scripts/faults.py                      # 3 cycles each of single, sync, shadow (minutes)
     python scripts/faults.py --cycles 20 --algos shadow --seed 3 --json faults.json
     python scripts/faults.py --out-cases          # the --out policy of 2-process runs
-    python scripts/faults.py --ray-cases all      # kill -9 of PS0, raylet, GCS, driver on Ray
+    python scripts/faults.py --ray-cases all      # kill -9 of PS0, raylet, GCS (twice), driver
 
 For each algorithm: one uninterrupted reference run, then the same run under faults. Each cycle
 starts the run (``--resume`` once a checkpoint exists), waits until it trains (a checkpoint newer
@@ -125,14 +125,23 @@ def out_policy_cases(work: pathlib.Path, timeout: float) -> dict:
                            timeout=timeout)
         cases.append({"case": name, "refused": r.returncode != 0 and "Traceback" not in r.stderr,
                       "files_changed": files(out) != before})
-    left = [p.pid for p in psutil.process_iter(["cmdline"])  # this check's processes only
-            if any(str(work) in c for c in (p.info["cmdline"] or []))]
+    me = {os.getpid(), *(q.pid for q in psutil.Process().parents())}  # their cmdline has it
+
+    def left() -> list[int]:  # this check's processes only
+        return [p.pid for p in psutil.process_iter(["cmdline", "status"])
+                if p.pid not in me and p.info["status"] != psutil.STATUS_ZOMBIE
+                and any(str(work) in c for c in (p.info["cmdline"] or []))]
+
+    deadline = time.monotonic() + 15  # a refused process may still be exiting
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
     return {"cases": cases, "refused": sum(c["refused"] for c in cases),
-            "files_changed": sum(c["files_changed"] for c in cases), "processes_left": len(left)}
+            "files_changed": sum(c["files_changed"] for c in cases), "processes_left": len(left())}
 
 
 RAY_VICTIMS = {  # name -> how to find the process among the run's (its /proc cmdline)
-    "ps0": "ray::_Host", "raylet": "raylet/raylet", "gcs": "gcs/gcs_server", "driver": "train.py"}
+    "ps0": "ray::_Host", "raylet": "raylet/raylet", "gcs": "gcs/gcs_server", "driver": "train.py",
+    "gcs_setup": "gcs/gcs_server"}  # GCS while the next interval sets up (no role runs)
 
 
 def _procs(mark: str) -> dict[int, str]:
@@ -156,8 +165,9 @@ def _procs(mark: str) -> dict[int, str]:
 def ray_cases(work: pathlib.Path, timeout: float, victims=tuple(RAY_VICTIMS)) -> dict:
     """Ray's own processes dying (issue 40 item 6): a GBA run on Ray with a checkpoint every
     200 steps; once its second interval trains, kill -9 of GBA's PS0 actor, the raylet, GCS or
-    the driver. Each must stop without a traceback (the driver: at once), keep every committed
-    checkpoint (GCS: add one), resume on threads from the newest, and leave no process."""
+    the driver, or of GCS while that interval sets up (``gcs_setup``). Each must stop without
+    a traceback (the driver: at once), keep every committed checkpoint (GCS in training: add
+    one), resume on threads from the newest, and leave no process."""
     cases = []
     for name in victims:
         out, log, mark = work / f"ray_{name}", work / f"ray_{name}.log", f"{name}-{time.time()}"
@@ -187,7 +197,13 @@ def _ray_case(name, p, mark, out, log, timeout) -> dict:
     while p.poll() is None and time.monotonic() - t0 < timeout and victim is None:
         procs = _procs(mark) if committed(out) else {}
         hits = [q for q, cmd in procs.items() if RAY_VICTIMS[name] in cmd]
-        if hits and "ComputeServer" in " ".join(procs.values()):
+        cmds = " ".join(procs.values())
+        if name == "gcs_setup":  # its shards started, its workers not yet: setup
+            if hits and "ShardServer" in cmds and "ComputeServer" not in cmds:
+                before, victim = committed(out), hits[0]
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+        elif hits and "ComputeServer" in cmds:
             size = metrics.stat().st_size if metrics.exists() else 0
             while (metrics.exists() and metrics.stat().st_size == size
                    and p.poll() is None and time.monotonic() - t0 < timeout):

@@ -141,7 +141,8 @@ def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_deaths_of_rays_own_processes(tmp_path):
     """Issue 40 item 6, through scripts/faults.py --ray-cases: kill -9 of GBA's PS0 actor, the
-    raylet, GCS and the driver while a Ray run trains its second checkpoint interval. PS0 and
+    raylet, GCS and the driver while a Ray run trains its second checkpoint interval, and of
+    GCS while that interval sets up (Ray alone ends the driver 60 s later). PS0 and
     the raylet take the state with them: a one-line error naming the process and the latest
     committed checkpoint; GCS leaves the actors: the run checkpoints them first; the driver:
     its reaper kills the rest. Every case: no traceback, stopped within seconds, no committed
@@ -152,7 +153,7 @@ def test_deaths_of_rays_own_processes(tmp_path):
                         "--timeout", "240", "--json", str(report)],
                        cwd=ROOT, capture_output=True, text=True, timeout=1800)
     cases = {c["victim"]: c for c in json.loads(report.read_text())["cases"]}
-    assert set(cases) == {"ps0", "raylet", "gcs", "driver"}, r.stdout + r.stderr
+    assert set(cases) == {"ps0", "raylet", "gcs", "driver", "gcs_setup"}, r.stdout + r.stderr
     for c in cases.values():
         assert c["killed"] and not c["traceback"] and not c["lost"], c
         assert c["resumed"] and c["processes_left"] == 0, c
@@ -165,5 +166,8 @@ def test_deaths_of_rays_own_processes(tmp_path):
     gcs = cases["gcs"]
     assert gcs["exit"] == 2 and "GCS server" in gcs["error"], gcs
     assert gcs["committed_after"][-1] > gcs["committed_before"][-1], gcs  # the stop's own
+    setup = cases["gcs_setup"]  # no role runs, nothing to save: the committed one stands
+    assert setup["exit"] == 2 and "GCS server" in setup["error"], setup
+    assert setup["committed_after"] == setup["committed_before"], setup
     assert cases["driver"]["exit"] == -9
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -235,7 +235,7 @@ class Runtime:
         if self.backend == "ray":
             from algorithms.runtime import ray_backend, ray_ps, ray_workers
 
-            self.cluster = ray_backend.Cluster(cfg.ray)
+            self.cluster = ray_backend.Cluster(cfg.ray, cfg.train.out)
             self.groups = ray_workers.Groups(self)
             self._stop_saving = (KeyboardInterrupt, ray_ps.PsFailed, ray_backend.ControlLost)
         self.num_workers = num_workers

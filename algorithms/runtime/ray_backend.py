@@ -42,6 +42,8 @@ import logging
 import os
 import pathlib
 import signal as signal_lib
+import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -182,9 +184,9 @@ class Cluster:
     kills the ones Ray's shutdown leaves (agents whose raylet or GCS died linger for minutes).
     """
 
-    def __init__(self, rc: RayConfig):
+    def __init__(self, rc: RayConfig, out: str = ""):
         ray = _ray()
-        self.rc, self.actors, self.started = rc, [], False
+        self.rc, self.actors, self.started, self.out = rc, [], False, out
         self._remote: dict[type, Any] = {}
         self._vital: dict[int, tuple[str, float, type]] = {}  # pid -> (what, created, error)
         self._checked, self.token, self._env_quiet = 0.0, "", None
@@ -209,6 +211,11 @@ class Cluster:
                                  include_dashboard=False, logging_level=logging.WARNING,
                                  _node_ip_address=LOOPBACK, _system_config=system_config(rc),
                                  runtime_env={"env_vars": {"PYTHONPATH": path, **ACTOR_ENV}})
+                except Exception as e:  # e.g. GCS or the raylet died while it started
+                    self._kill_marked()
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()
+                    raise OSError(f"the local Ray instance did not start: {e}") from e
                 finally:
                     del os.environ[MARK]
                 node = ray._private.worker._global_node
@@ -220,14 +227,38 @@ class Cluster:
                 self._agents = self._children(next(iter(node.all_processes.get("raylet", [])),
                                                    None))
                 self._reaper = self._start_reaper()
+                self.started = True
+                threading.Thread(target=self._watch_gcs, name="recjax-ray-watch",
+                                 daemon=True).start()
             self.started = True
             _CLUSTERS.append(self)
+
+    def _watch_gcs(self) -> None:
+        """While no role runs (setup, the end of an interval) nothing polls `check`, and the
+        driver may wait on Ray, which ends it 60 s after losing GCS. If GCS dies then, say so,
+        leave no process and exit (2): nothing of this interval can be saved without its
+        roles, and the latest committed checkpoint is whole (a save cut short never commits)."""
+        gcs = [(p, t) for p, (_, t, err) in self._core.items() if err is ControlLost]
+        while self.started:
+            time.sleep(CHECK_S)
+            if time.monotonic() - self._checked < 4 * CHECK_S:
+                continue  # the roles' poll is alive: `check` stops the run with a checkpoint
+            dead = [p for p, t in gcs if not _alive(p, t)]
+            if dead and self.started:
+                steps = sorted(int(n) for n in os.listdir(os.path.join(self.out, "checkpoints"))
+                               if n.isdigit()) if self.out and os.path.isdir(
+                    os.path.join(self.out, "checkpoints")) else []
+                where = (f"the latest committed checkpoint is step {steps[-1]} in {self.out}: "
+                         "continue from it with --resume") if steps else "no checkpoint"
+                print(f"error: Ray's GCS server (pid {dead[0]}) died while no role was running "
+                      f"(setup, or between intervals); {where}", file=sys.stderr, flush=True)
+                self._kill_marked()
+                os._exit(2)
 
     def _start_reaper(self):
         """`reaper.py`'s process, told the instance's processes: it kills what is left of the
         instance if this process dies unasked (kill -9: the agents would wait ~40 s)."""
         import subprocess
-        import sys
 
         r = subprocess.Popen([sys.executable, reaper.__file__, self.token],
                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -341,7 +372,13 @@ class Cluster:
     def _kill_marked(self) -> None:
         """SIGKILL every process of the local instance still running: the ones with ``MARK``
         and the raylet's agents (which, their raylet or GCS gone, wait minutes to exit)."""
-        reaper.kill(reaper.marked(self.token) + [p for p, t in self._agents if _alive(p, t)])
+        import psutil
+
+        pids = reaper.marked(self.token)
+        for pid in list(pids):  # the raylet's agents have an environment of their own
+            with contextlib.suppress(psutil.Error):
+                pids += [c.pid for c in psutil.Process(pid).children()]
+        reaper.kill(pids + [p for p, t in self._agents if _alive(p, t)])
 
 
 def diagnose(e: BaseException) -> BaseException:
