@@ -6,6 +6,7 @@
 * ``supply.py``: batch supplies (static per-worker shards, GBA's shared data list);
 * ``stragglers.py``: seeded slowdown models;
 * ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files);
+* ``worker.py``: what one worker computes and counts (gradients on mini tables, `Worker`);
 * ``segments.py``: a run from checkpoint to checkpoint (``train.ckpt_every``), roles' stop signals;
 * ``report.py``: progress bar, train / eval / counters records and TensorBoard while it runs;
 * ``ray_backend.py``: ``--backend ray``, the cluster and the servers as Ray actors; its PS
@@ -28,13 +29,9 @@ from algorithms.runtime.clock import (
     run_threaded,
     run_virtual,
 )
-from algorithms.runtime.engine import (
-    Counters,
-    Replica,
-    Runtime,
-    Worker,
-)
+from algorithms.runtime.engine import Runtime
 from algorithms.runtime.report import histogram_summary
+from algorithms.runtime.worker import Counters, Replica, Worker
 
 __all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
            "Schedule", "Signal", "Wait", "Work", "Worker", "WorkerLost", "histogram_summary", "run_threaded",

@@ -19,7 +19,7 @@ every effect below is handled by both interpreters.
 
 `run_threaded` runs every role in its own thread (through `recjax.concurrency.ThreadGroup`):
 compute is real, a straggler sleeps ``(factor - 1)`` x its measured compute time (``measured``:
-a worker's gradient computation, timed by `engine.Worker` or in a Ray worker's actor, so its
+a worker's gradient computation, timed by `worker.Worker` or in a Ray worker's actor, so its
 pushes and pulls are not scaled; a role without it, the wall time since it last resumed), a link is
 held for ``bytes / bandwidth`` (``emulate_links``), a collective is a barrier (then held for
 its ``seconds``). `run_virtual` runs the same generators one event at a time in the calling

@@ -12,7 +12,7 @@ through Ray's object store between the processes that own them, not through the 
   never per id, carrying only that shard's tables.
 * `ray_workers.ComputeServer`: one actor per worker group (a worker of async PS and GBA, a trainer's m
   workers for ShadowSync, an NN worker of Persia), running single-process JAX: the gradient
-  function the threads run (`engine.make_grads`), rebuilt in the actor from the config.
+  function the threads run (`worker.make_grads`), rebuilt in the actor from the config.
 * `host`: any value-only server (``ps.DensePS``, ``ps.SyncPS``, GBA's PS0) as an actor behind
   a `Hosted` proxy of the same interface; calls are remote, references nested in arguments
   are resolved in the actor.

@@ -2,7 +2,7 @@
 
 `ComputeServer` is the actor body of a worker group (single-process JAX: the run's gradient
 functions rebuilt from the config); `Groups` creates them on first use; `RayWorker` is
-`engine.Worker` over one (one call per step, the actor pulling from and pushing to the shard
+`worker.Worker` over one (one call per step, the actor pulling from and pushing to the shard
 actors itself); `RemoteFn` runs a jitted function there (Persia's NN workers). The cluster,
 the wire format of rows and the hosted servers are in ``ray_backend.py``; the PS shards in
 ``ray_ps.py``.
@@ -48,7 +48,7 @@ class ComputeServer:
 
     def __init__(self, cfg: Config, spec: FeatureSpec, batch_size: int,
                  shard_names: list[list[str]]):
-        from algorithms.runtime.engine import make_grads, mini_layout, model_spec
+        from algorithms.runtime.worker import make_grads, mini_layout, model_spec
         from recjax.train.setup import make_model
 
         model = make_model(cfg, model_spec(cfg, spec))
@@ -217,7 +217,7 @@ class RemoteFn:
         return self.timed(*args)[0]
 
     def timed(self, *args) -> tuple[Any, float]:
-        """``(the result, its computation's seconds in the actor)`` (`engine.LocalFn.timed`)."""
+        """``(the result, its computation's seconds in the actor)`` (`worker.LocalFn.timed`)."""
         ray = _ray()
         args = tuple(map(host_value, args))
         for attempt in (0, 1):
@@ -231,7 +231,7 @@ class RemoteFn:
 
 
 class RayWorker:
-    """`engine.Worker` whose compute runs in its group's actor (see `Runtime.worker`).
+    """`worker.Worker` whose compute runs in its group's actor (see `Runtime.worker`).
 
     The driver makes one call per step (`ComputeServer.step`): the actor pulls the batch's
     rows from each shard's actor and (async PS, ShadowSync) pushes each shard its row
@@ -247,10 +247,10 @@ class RayWorker:
     """
 
     def __init__(self, rt, wid: int, supply, group: int, group_size: int = 1):
-        from algorithms.runtime.engine import Counters, record_step
+        from algorithms.runtime.worker import Counters, record_step
 
         self.rt, self.wid, self.supply, self.group = rt, wid, supply, group
-        self._record = record_step  # (engine is imported lazily: shard actors load this module)
+        self._record = record_step  # (imported lazily: shard actors load this module)
         self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
         self.handle = rt.groups.get(group, group_size)
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)

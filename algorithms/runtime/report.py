@@ -52,7 +52,7 @@ class Reporter:
 
     Args:
       rt: the run's `engine.Runtime` (config, data, PS, progress carried across segments).
-      workers: the `engine.Worker`\\ s, whose ``counters.metrics`` hold every scored batch.
+      workers: the `worker.Worker`\\ s, whose ``counters.metrics`` hold every scored batch.
       step: ``() -> global step reached`` (cheap: called after every virtual event); default
         the start step plus the workers' iterations (one global step each).
       snapshot: ``() -> (dense params, opt state, global step)`` of the model to evaluate
