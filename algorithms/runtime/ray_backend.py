@@ -36,6 +36,7 @@ a Ray run resumes on threads and back.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
@@ -193,6 +194,7 @@ class Cluster:
         self._core: dict = {}  # GCS and the raylet, as in `_vital`
         self._agents: list[tuple[int, float]] = []  # the raylet's agents (no MARK: own env)
         self._reaper = None
+        self._lock, self._stopping = threading.Lock(), False  # `stop` vs `_watch_gcs`
         if not ray.is_initialized():
             if rc.address:  # another host may not have this checkout: ship the packages
                 env = {"py_modules": [os.path.join(ROOT, m) for m in
@@ -228,6 +230,7 @@ class Cluster:
                                                    None))
                 self._reaper = self._start_reaper()
                 self.started = True
+                atexit.register(self._stop_watching)  # before Ray's own exit hook stops GCS
                 threading.Thread(target=self._watch_gcs, name="recjax-ray-watch",
                                  daemon=True).start()
             self.started = True
@@ -235,19 +238,24 @@ class Cluster:
 
     def _watch_gcs(self) -> None:
         """While no role runs (setup, the end of an interval) nothing polls `check`, and the
-        driver may wait on Ray, which ends it 60 s after losing GCS. If GCS dies then, say so,
-        leave no process and exit (2): nothing of this interval can be saved without its
-        roles, and the latest committed checkpoint is whole (a save cut short never commits)."""
+        driver may wait on Ray, which ends this process 60 s after losing GCS (a C++ exit, no
+        message). If GCS dies then (not by `stop`), say so, leave no process, and exit with 2
+        at once: nothing of the interval can be saved without its roles, and the latest
+        committed checkpoint is whole (a save cut short never commits)."""
         gcs = [(p, t) for p, (_, t, err) in self._core.items() if err is ControlLost]
-        while self.started:
+        while self.started and not self._stopping:
             time.sleep(CHECK_S)
             if time.monotonic() - self._checked < 4 * CHECK_S:
                 continue  # the roles' poll is alive: `check` stops the run with a checkpoint
             dead = [p for p, t in gcs if not _alive(p, t)]
-            if dead and self.started:
-                steps = sorted(int(n) for n in os.listdir(os.path.join(self.out, "checkpoints"))
-                               if n.isdigit()) if self.out and os.path.isdir(
-                    os.path.join(self.out, "checkpoints")) else []
+            if not dead:
+                continue
+            with self._lock:
+                if self._stopping:  # `stop` shut it down
+                    return
+                ckpts = os.path.join(self.out, "checkpoints") if self.out else ""
+                steps = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) \
+                    if ckpts and os.path.isdir(ckpts) else []
                 where = (f"the latest committed checkpoint is step {steps[-1]} in {self.out}: "
                          "continue from it with --resume") if steps else "no checkpoint"
                 print(f"error: Ray's GCS server (pid {dead[0]}) died while no role was running "
@@ -337,8 +345,14 @@ class Cluster:
         self.actors.append(handle)
         return handle
 
+    def _stop_watching(self) -> None:
+        with self._lock:  # from here GCS goes away on purpose
+            self._stopping = True
+
     def stop(self) -> None:
         ray = _ray()
+        self._stop_watching()
+        atexit.unregister(self._stop_watching)
         broken = self.started and any(not _alive(pid, started) for pid, (_, started, _e)
                                        in self._core.items())
         if broken:  # GCS or the raylet is gone: asking Ray to kill would wait on them
