@@ -1,7 +1,10 @@
 """Test setup: 8 fake CPU devices (set before JAX starts) and the real-data location."""
 
+import json
 import os
 import pathlib
+import subprocess
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -18,3 +21,12 @@ def data_path(*parts: str) -> pathlib.Path:
     if not p.exists():
         pytest.skip(f"real data sample {p} not present (set RECJAX_DATA to the data folder)")
     return p
+
+
+def smoke_study(name: str, out: pathlib.Path) -> dict:
+    """``scripts/compare.py NAME --smoke --datasets synthetic`` run as a user runs it (its own
+    process, one CPU device), and the study's JSON results."""
+    subprocess.run([sys.executable, "scripts/compare.py", name, "--smoke", "--datasets",
+                    "synthetic", "--out", str(out)], check=True, capture_output=True, cwd=ROOT,
+                   env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    return json.loads((out / f"{name}_study.json").read_text())

@@ -4,15 +4,13 @@ claims' paired differences against a hand computation."""
 
 import dataclasses
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 import recjax.study as study_kit
 from recjax.study import Arm, Claim, Size, Study, load, report, runner
+from tests.conftest import smoke_study
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STUDY = Study(
@@ -156,10 +154,7 @@ def test_the_gba_study_file_names_the_papers_effects():
 
 @pytest.mark.slow  # ~35 s: the real algorithms at the smoke size, in a subprocess
 def test_the_gba_study_at_smoke_size_hands_over_every_global_step(tmp_path):
-    subprocess.run([sys.executable, "scripts/compare.py", "gba", "--smoke", "--datasets",
-                    "synthetic", "--out", str(tmp_path)], check=True, capture_output=True,
-                   cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-    got = json.loads((tmp_path / "gba_study.json").read_text())
+    got = smoke_study("gba", tmp_path)
     rows = got["results"]["synthetic"]
     fw = [r for r in rows if r["phase"] == "forward"]
     assert {r["arm"] for r in fw} == {"single", "gba", "sync", "async", "hop_bs", "bsp", "hop_bw"}

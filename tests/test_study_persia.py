@@ -1,15 +1,12 @@
 """The Persia study file (scripts/studies/persia.py, loaded through `recjax.study.load`): the
 paper's effects and the settings each dataset's runs get; and its smoke size end to end."""
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from recjax.study import load, runner
+from tests.conftest import smoke_study
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STUDY = load(str(ROOT / "scripts" / "studies" / "persia.py"))
@@ -72,10 +69,7 @@ def test_each_dataset_and_arm_gets_the_papers_settings():
 
 @pytest.mark.slow  # ~30 s: the real algorithms at the smoke size, in a subprocess
 def test_the_persia_study_at_smoke_size(tmp_path):
-    subprocess.run([sys.executable, "scripts/compare.py", "persia", "--smoke", "--datasets",
-                    "synthetic", "--out", str(tmp_path)], check=True, capture_output=True,
-                   cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-    got = json.loads((tmp_path / "persia_study.json").read_text())
+    got = smoke_study("persia", tmp_path)
     rows = {r["arm"]: r for r in got["results"]["synthetic"]}
     assert set(rows) == {"hybrid", "sync", "async", "tau=0", "tau=2"}
     for arm, r in rows.items():  # one pass of 24 batches of 64, from scratch

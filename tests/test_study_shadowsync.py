@@ -8,16 +8,13 @@ S-EASGD worse by up to 0.003, four times Table 2's whole Eval NE spread (0.0008)
 k = 5, so non-monotonic means passed (`test_a_step_of_k_that_goes_down_did_not_hold`).
 """
 
-import json
 import math
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
 from recjax.study import load, report, runner
+from tests.conftest import smoke_study
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PATH = ROOT / "scripts" / "studies" / "shadowsync.py"
@@ -192,10 +189,7 @@ def test_the_report_of_hand_made_records():
 @pytest.mark.slow  # ~1-2 min on the loaded 2-core box: 9 arms + 8 scaling runs x 2 seeds
 def test_the_shadowsync_study_at_smoke_size(tmp_path):
     docs_before = {p: p.stat().st_mtime for p in (ROOT / "docs").iterdir()}
-    subprocess.run([sys.executable, "scripts/compare.py", "shadowsync", "--smoke", "--datasets",
-                    "synthetic", "--out", str(tmp_path)], check=True, capture_output=True,
-                   cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
-    got = json.loads((tmp_path / "shadowsync_study.json").read_text())
+    got = smoke_study("shadowsync", tmp_path)
     rows = {(r["arm"], r["seed"]): r for r in got["results"]["synthetic"]}
     assert {s for _, s in rows} == {0, 1}
     assert len(rows) == 2 * (9 + 4 * 2)

@@ -55,7 +55,7 @@ import numpy as np
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime import reaper
 from algorithms.runtime.reaper import MARK
-from algorithms.runtime.segments import StateLost
+from algorithms.runtime.segments import StateLost, with_latest
 from recjax.config import RayConfig
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # the repository: recjax, algorithms
@@ -253,13 +253,10 @@ class Cluster:
             with self._lock:
                 if self._stopping:  # `stop` shut it down
                     return
-                ckpts = os.path.join(self.out, "checkpoints") if self.out else ""
-                steps = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit()) \
-                    if ckpts and os.path.isdir(ckpts) else []
-                where = (f"the latest committed checkpoint is step {steps[-1]} in {self.out}: "
-                         "continue from it with --resume") if steps else "no checkpoint"
-                print(f"error: Ray's GCS server (pid {dead[0]}) died while no role was running "
-                      f"(setup, or between intervals); {where}", file=sys.stderr, flush=True)
+                lost = with_latest(StateLost(f"Ray's GCS server (pid {dead[0]}) died while no "
+                                             "role was running (setup, or between intervals)"),
+                                   self.out)
+                print(f"error: {lost}", file=sys.stderr, flush=True)
                 self._kill_marked()
                 os._exit(2)
 
