@@ -5,6 +5,9 @@ A `Config` holds one frozen dataclass per section (``data``, ``synthetic``, ``mo
 `recjax.config_async`: the engine's ``runtime``, ``ray``, and each host-async algorithm's own
 ``shadowsync``, ``gba``, ``persia``). Overrides are type-checked against the field's annotation
 and unknown keys are refused with the closest valid names (nanoGPT's configurator, made strict).
+A field's declaration says the rest (`recjax.config_fields`): a ``Literal`` annotation is its
+closed set of values (checked, listed by ``--help-config``), ``metadata=RESUMABLE`` lets a
+``--resume`` change it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import dataclasses
 import difflib
 import math
 import typing
+from dataclasses import field
+from typing import Literal
 
 from recjax import registry
 from recjax.config_async import (
@@ -22,10 +27,18 @@ from recjax.config_async import (
     RuntimeConfig,
     ShadowSyncConfig,
 )
+from recjax.config_fields import RESUMABLE, check_choices, is_text
 from recjax.data.synthetic import SyntheticConfig
 from recjax.embeddings.sparse_optim import SparseOptimConfig
+from recjax.features import POOLINGS
 from recjax.models.config import ModelConfig
-from recjax.train.features import check_early_stop, check_schedule, parse_dims
+from recjax.train.features import (
+    MONITOR_NAMES,
+    SCHEDULES,
+    check_early_stop,
+    check_schedule,
+    parse_dims,
+)
 
 SEED_MAX = 2**63 - 1  # seeds reach numpy / jax as int64
 
@@ -60,12 +73,13 @@ class DataConfig:
     multi_hot_len: int = 20
     skip_bad_lines: bool = False
     shuffle_buffer: int = 1 << 21
-    cache_rows: int = 10_000_000
-    cache_dir: str = ""
-    prefetch: int = 4
-    workers: int = 0
+    cache_rows: int = field(default=10_000_000, metadata=RESUMABLE)
+    cache_dir: str = field(default="", metadata=RESUMABLE)
+    prefetch: int = field(default=4, metadata=RESUMABLE)
+    workers: int = field(default=0, metadata=RESUMABLE)
 
     def __post_init__(self):
+        check_choices(self, "data")
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"data.holdout must be in (0, 1), got {self.holdout}")
         if self.hash_buckets < 1:
@@ -111,19 +125,16 @@ class EmbedConfig:
         products need one width) and lr (no embeddings); --algo single only. "" = off.
     """
 
-    pooling: str = "sum"
+    pooling: Literal[POOLINGS] = "sum"
     init: str = "dlrm"
-    store: str = "fixed"
+    store: Literal["fixed", "lru"] = "fixed"
     capacity: int = 1 << 20
     admit_probability: float = 1.0
     init_by_id: bool = False
     dims: str = ""
 
     def __post_init__(self):
-        if self.pooling not in ("sum", "mean"):
-            raise ValueError(f"embed.pooling must be sum or mean, got {self.pooling!r}")
-        if self.store not in ("fixed", "lru"):
-            raise ValueError(f"embed.store must be fixed or lru, got {self.store!r}")
+        check_choices(self, "embed")
         if self.capacity < 1:
             raise ValueError(f"embed.capacity must be >= 1 (rows per table), got {self.capacity}")
         if not 0.0 < self.admit_probability <= 1.0:
@@ -163,23 +174,22 @@ class DenseOptimConfig:
       decay_rate: step/exponential: the factor per ``decay_steps``, in (0, 1].
     """
 
-    name: str = "adam"
+    name: Literal["sgd", "momentum", "adam", "adamw", "adagrad"] = field(
+        default="adam", metadata={"unknown": "optimizer"})
     lr: float = 1e-3
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
     weight_decay: float = 0.0
     clip_norm: float = 0.0
-    lr_schedule: str = "constant"
+    lr_schedule: Literal[SCHEDULES] = "constant"
     warmup_steps: int = 0
     decay_steps: int = 0
     end_lr_ratio: float = 0.0
     decay_rate: float = 0.5
 
     def __post_init__(self):
-        if self.name not in ("sgd", "momentum", "adam", "adamw", "adagrad"):
-            raise ValueError(f"dense.name: unknown optimizer {self.name!r}; "
-                             "choose sgd, momentum, adam, adamw or adagrad")
+        check_choices(self, "dense")
         if self.lr <= 0:
             raise ValueError(f"dense.lr must be > 0, got {self.lr}")
         check_schedule(self)
@@ -217,6 +227,7 @@ class SpmdConfig:
     route_capacity: float = 1.25
 
     def __post_init__(self):
+        check_choices(self, "spmd")
         if not (math.isfinite(self.route_capacity) and self.route_capacity >= 0):
             raise ValueError(f"spmd.route_capacity must be >= 0 (0 = no routing), got "
                              f"{self.route_capacity}")
@@ -230,8 +241,8 @@ class TrainConfig:
     """The training run.
 
     Attributes:
-      algo: training algorithm, a row of recjax/registry.py: single (one device) | sync | des |
-        async | shadow | fr | gba | persia.
+      algo: training algorithm, a row of recjax/registry.py (the choices below; ``--help``
+        says what each is).
       batch_size: examples per step (global batch).
       microbatches: slices the dense forward/backward is looped over within a step (same
         gradient up to float summation order; faster on CPU for big MLPs at big batches, see
@@ -272,35 +283,34 @@ class TrainConfig:
         (written by a recjax version before checksums); otherwise such a step is damaged.
     """
 
-    algo: str = "single"
+    algo: Literal[ALGOS] = field(default="single", metadata={"unknown": "algorithm", **RESUMABLE})
     batch_size: int = 1024
     microbatches: int = 0
-    epochs: int = 1
-    steps: int = 0
+    epochs: int = field(default=1, metadata=RESUMABLE)
+    steps: int = field(default=0, metadata=RESUMABLE)
     seed: int = 0
-    eval_batch_size: int = 8192
-    log_every: int = 50
-    eval_every: int = 0
-    ckpt_every: int = 0
-    keep_ckpts: int = 2
-    out: str = ""
-    resume: bool = False
-    save_predictions: bool = False
-    tensorboard: bool = False
-    deterministic: bool = False
-    devices: int = 0
-    progress: bool = True
-    stop_after: int = 0
-    compile_cache: str = "auto"
-    monitor: str = "eval_auc"
-    early_stop_patience: int = 0
-    keep_best: bool = False
-    memory_check: bool = True
-    unverified_resume: bool = False
+    eval_batch_size: int = field(default=8192, metadata=RESUMABLE)
+    log_every: int = field(default=50, metadata=RESUMABLE)
+    eval_every: int = field(default=0, metadata=RESUMABLE)
+    ckpt_every: int = field(default=0, metadata=RESUMABLE)
+    keep_ckpts: int = field(default=2, metadata=RESUMABLE)
+    out: str = field(default="", metadata=RESUMABLE)
+    resume: bool = field(default=False, metadata=RESUMABLE)
+    save_predictions: bool = field(default=False, metadata=RESUMABLE)
+    tensorboard: bool = field(default=False, metadata=RESUMABLE)
+    deterministic: bool = field(default=False, metadata=RESUMABLE)
+    devices: int = field(default=0, metadata=RESUMABLE)
+    progress: bool = field(default=True, metadata=RESUMABLE)
+    stop_after: int = field(default=0, metadata=RESUMABLE)
+    compile_cache: str = field(default="auto", metadata=RESUMABLE)
+    monitor: Literal[MONITOR_NAMES] = "eval_auc"
+    early_stop_patience: int = field(default=0, metadata=RESUMABLE)
+    keep_best: bool = field(default=False, metadata=RESUMABLE)
+    memory_check: bool = field(default=True, metadata=RESUMABLE)
+    unverified_resume: bool = field(default=False, metadata=RESUMABLE)
 
     def __post_init__(self):
-        if self.algo not in ALGOS:
-            raise ValueError(f"--algo {self.algo!r} is unknown; algorithms: {', '.join(ALGOS)}")
+        check_choices(self, "train")
         for name in ("batch_size", "epochs", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -358,9 +368,11 @@ class ConfigError(ValueError):
 
 
 def _parse_value(text: str, typ, key: str):
-    """Parse `text` as the annotated type `typ` (bool, int, float, str, tuple[int, ...])."""
+    """Parse `text` as the annotated type `typ` (bool, int, float, str, a ``Literal`` of strings,
+    tuple[int, ...]). A ``Literal`` value is taken as text: the section's ``__post_init__``
+    (`recjax.config_fields.check_choices`) refuses one outside the choices, naming them."""
     bad = ConfigError(f"{key}={text!r}: expected a value of type {getattr(typ, '__name__', typ)}")
-    if typ is str:
+    if is_text(typ):
         return text
     if typ is bool:
         low = text.lower()

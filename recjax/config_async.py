@@ -6,6 +6,9 @@ backend (``ray``) and each host-async algorithm's own settings (``shadowsync``, 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
+
+from recjax.config_fields import check_choices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,28 +39,24 @@ class RuntimeConfig:
     trainers: int = 2
     workers_per_trainer: int = 2
     ps_shards: int = 2
-    placement: str = "mod"
+    placement: Literal["mod", "binpack"] = "mod"
     stragglers: str = "none"
     bandwidth_gbps: float = 10.0
     sync_bandwidth_gbps: float = 0.0
     example_cost_us: float = 20.0
     profile_batches: int = 20
     emulate_links: bool = True
-    backend: str = "threads"
+    backend: Literal["threads", "virtual", "ray"] = "threads"
     watchdog_s: float = 300.0
 
     def __post_init__(self):
+        check_choices(self, "runtime")
         if self.watchdog_s < 0:
             raise ValueError(f"runtime.watchdog_s must be >= 0 (0 = no watchdog), got "
                              f"{self.watchdog_s}")
-        if self.backend not in ("threads", "virtual", "ray"):
-            raise ValueError(f"runtime.backend must be threads, virtual or ray, got "
-                             f"{self.backend!r}")
         for name in ("trainers", "workers_per_trainer", "ps_shards", "profile_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"runtime.{name} must be >= 1, got {getattr(self, name)}")
-        if self.placement not in ("mod", "binpack"):
-            raise ValueError(f"runtime.placement must be mod or binpack, got {self.placement!r}")
         if self.bandwidth_gbps <= 0 or self.sync_bandwidth_gbps < 0:
             raise ValueError("runtime.bandwidth_gbps must be > 0 and runtime.sync_bandwidth_gbps "
                              ">= 0 (0 = bandwidth_gbps)")
@@ -84,26 +83,21 @@ class ShadowSyncConfig:
         stands for the sync's network round trip and leaves CPU to the workers on small hosts.
     """
 
-    sync: str = "easgd"
+    sync: Literal[SYNC_RULES] = "easgd"
     alpha: float = 0.5
     sync_gap: int = 10
     bmuf_lr: float = 1.0
     bmuf_momentum: float = 0.0
     nesterov: bool = False
-    return_model: str = "first"
+    return_model: Literal["first", "average"] = "first"
     shadow_interval_ms: float = 5.0
 
     def __post_init__(self):
-        if self.sync not in SYNC_RULES:
-            raise ValueError(f"shadowsync.sync must be one of {', '.join(SYNC_RULES)}, got "
-                             f"{self.sync!r}")
+        check_choices(self, "shadowsync")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"shadowsync.alpha must be in [0, 1], got {self.alpha}")
         if self.sync_gap < 1:
             raise ValueError(f"--sync-gap (shadowsync.sync_gap) must be >= 1, got {self.sync_gap}")
-        if self.return_model not in ("first", "average"):
-            raise ValueError(f"shadowsync.return_model must be first or average, got "
-                             f"{self.return_model!r}")
         if self.shadow_interval_ms < 0:
             raise ValueError(f"shadowsync.shadow_interval_ms must be >= 0, got "
                              f"{self.shadow_interval_ms}")
@@ -131,18 +125,19 @@ class GbaConfig:
       b2: bsp: gradients aggregated per update, regardless of version (0 = workers).
       b3: hop_bw: backup workers; each update waits for workers - b3 gradients and drops the
         b3 slowest of that round.
-      embedding_mean: an embedding row's aggregated gradient is the sum over the kept
-        gradients that touched it divided by: touched = how many touched it (App. B, Alg. 2
-        l. 23) | buffer = the gradients aggregated (the mean loss over the global batch, as
-        sync training computes it).
+      embedding_mean: an embedding row's aggregated gradient is the sum of its applied rows
+        divided by: touched = how many gradients of the update touched it, dropped rows
+        included (App. B, Alg. 2 l. 23) | buffer = the gradients aggregated (the mean loss over
+        the global batch, as sync training computes it).
       embedding_staleness: which staleness drops an embedding row's gradient: id = the global
-        step at which the row was last updated minus the token (App. B, Alg. 2 l. 19-22) |
-        token = k - token, as for the dense part (Eq. 1).
+        step after the row's last update minus the token, judged apart from the dense part, so
+        an Eq. 1-dropped gradient's rows of scarce ids survive (App. B, Alg. 2 l. 19-21) |
+        token = k - token: the rows go with their gradient's dense part (Eq. 1).
       dense_mean: the dense gradients' sum is divided by: buffer = M, dropped ones included
         (App. B, Alg. 2 l. 22) | kept = the gradients kept.
     """
 
-    mode: str = "gba"
+    mode: Literal[GBA_MODES] = "gba"
     workers: int = 0
     local_batch_size: int = 0
     buffer: int = 0
@@ -150,22 +145,15 @@ class GbaConfig:
     b1: int = 2
     b2: int = 0
     b3: int = 1
-    embedding_mean: str = "touched"
-    embedding_staleness: str = "id"
-    dense_mean: str = "buffer"
+    embedding_mean: Literal["touched", "buffer"] = "touched"
+    embedding_staleness: Literal["id", "token"] = "id"
+    dense_mean: Literal["buffer", "kept"] = "buffer"
 
     def __post_init__(self):
-        if self.mode not in GBA_MODES:
-            raise ValueError(f"gba.mode must be one of {', '.join(GBA_MODES)}, got {self.mode!r}")
+        check_choices(self, "gba")
         for name in ("workers", "local_batch_size", "buffer", "iota", "b1", "b2", "b3"):
             if getattr(self, name) < 0:
                 raise ValueError(f"gba.{name} must be >= 0, got {getattr(self, name)}")
-        choices = {"embedding_mean": ("touched", "buffer"), "embedding_staleness": ("id", "token"),
-                   "dense_mean": ("buffer", "kept")}
-        for name, ok in choices.items():
-            if getattr(self, name) not in ok:
-                raise ValueError(f"gba.{name} must be {' or '.join(ok)}, got "
-                                 f"{getattr(self, name)!r}")
 
 
 PERSIA_MODES = ("hybrid", "sync", "async")
@@ -211,6 +199,7 @@ class RayConfig:
     inline_kb: int = 1024
 
     def __post_init__(self):
+        check_choices(self, "ray")
         for name in ("num_cpus", "max_ps_restarts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
@@ -254,11 +243,11 @@ class PersiaConfig:
         reloads the last dense snapshot (0 = never).
     """
 
-    mode: str = "hybrid"
+    mode: Literal[PERSIA_MODES] = "hybrid"
     nn_workers: int = 2
     embedding_workers: int = 2
     staleness: int = 4
-    compress: str = "none"
+    compress: Literal[PERSIA_COMPRESS] = "none"
     kappa: float = 32768.0
     embedding_cost_us: float = 0.5
     embedding_stragglers: str = "none"
@@ -267,12 +256,7 @@ class PersiaConfig:
     fail_nn_at: int = 0
 
     def __post_init__(self):
-        if self.mode not in PERSIA_MODES:
-            raise ValueError(f"persia.mode must be one of {', '.join(PERSIA_MODES)}, got "
-                             f"{self.mode!r}")
-        if self.compress not in PERSIA_COMPRESS:
-            raise ValueError(f"persia.compress must be one of {', '.join(PERSIA_COMPRESS)}, got "
-                             f"{self.compress!r}")
+        check_choices(self, "persia")
         for name in ("nn_workers", "embedding_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"persia.{name} must be >= 1, got {getattr(self, name)}")

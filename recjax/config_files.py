@@ -31,6 +31,7 @@ from typing import Any
 
 from recjax import configs
 from recjax.config import Config, ConfigError, _parse_value
+from recjax.config_fields import is_text
 
 FILE_KINDS = (".py", ".json", ".yaml", ".yml")
 # A rerun from a summary must not write into (or resume) the run it reproduces.
@@ -96,7 +97,7 @@ def from_dict(tree: dict, where: str, base: Config | None = None) -> Config:
             if value is None:
                 raise ConfigError(f"{where}: key {key!r} has no value (null); give one or remove "
                                   "the key")
-            if hints[field] is str and isinstance(value, bool):  # YAML 1.1: off, no, yes, on
+            if is_text(hints[field]) and isinstance(value, bool):  # YAML 1.1: off, no, yes, on
                 raise ConfigError(f"{where}: key {key!r} takes a string, and the file gave the "
                                   f"boolean {value!r} (YAML reads off/on/no/yes as booleans): "
                                   "quote it, e.g. 'off'")

@@ -1,8 +1,9 @@
 """``--help-config``: every key with its type, value, default, allowed choices and description.
 
 The descriptions are the ``Attributes:`` sections of the config dataclasses' docstrings (the one
-place they are written); the choices come from the same constants the ``__post_init__`` checks
-use, so the help cannot drift from what is accepted.
+place they are written); the choices are the fields' ``Literal`` annotations, the same ones the
+``__post_init__`` checks read (`recjax.config_fields`), so the help cannot drift from what is
+accepted. ``train.algo``'s annotation is the registry's names (recjax/registry.py).
 """
 
 from __future__ import annotations
@@ -14,24 +15,16 @@ import textwrap
 import typing
 
 from recjax import config as C
-from recjax import config_async as A
-from recjax.embeddings.sparse_optim import SPARSE_OPTIMIZERS
-from recjax.models.config import MODEL_NAMES
-from recjax.train.features import MONITORS, SCHEDULES
+from recjax.config_fields import choices, literal_values
 
+# The values of a field that are not a closed set, so no annotation can hold them.
+OPEN_CHOICES: dict[str, tuple[str, ...]] = {"train.compile_cache": ("auto", "off", "DIR")}
+
+# every key's choices: the annotations, then the open ones
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model.name": MODEL_NAMES, "train.algo": C.ALGOS, "sparse.name": tuple(SPARSE_OPTIMIZERS),
-    "dense.name": ("sgd", "momentum", "adam", "adamw", "adagrad"),
-    "embed.pooling": ("sum", "mean"), "embed.store": ("fixed", "lru"),
-    "runtime.placement": ("mod", "binpack"), "runtime.backend": ("threads", "virtual", "ray"),
-    "shadowsync.sync": A.SYNC_RULES,
-    "shadowsync.return_model": ("first", "average"),
-    "gba.mode": A.GBA_MODES, "gba.embedding_mean": ("touched", "buffer"),
-    "gba.embedding_staleness": ("id", "token"), "gba.dense_mean": ("buffer", "kept"),
-    "persia.mode": A.PERSIA_MODES, "persia.compress": A.PERSIA_COMPRESS,
-    "train.compile_cache": ("auto", "off", "DIR"),
-    "dense.lr_schedule": SCHEDULES, "train.monitor": tuple(MONITORS),
-}
+    **{f"{s.name}.{k}": v for s in dataclasses.fields(C.Config)
+       for k, v in choices(typing.get_type_hints(C.Config)[s.name]).items()},
+    **OPEN_CHOICES}
 
 
 def attribute_docs(cls) -> dict[str, str]:
@@ -59,6 +52,8 @@ def attribute_docs(cls) -> dict[str, str]:
 
 
 def _type_name(typ) -> str:
+    if literal_values(typ) is not None:  # a closed set of strings: its choices are listed
+        return "str"
     if typing.get_origin(typ) is tuple:
         return f"tuple[{typing.get_args(typ)[0].__name__}, ...] (comma-separated)"
     return getattr(typ, "__name__", str(typ))

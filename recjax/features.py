@@ -15,6 +15,8 @@ import dataclasses
 # (a dynamic-id store holds ``embed.capacity`` rows instead).
 RAW_VOCAB = 2**63 - 1
 
+POOLINGS = ("sum", "mean")  # over the ids of a multi-hot field (embed.pooling, FieldSpec.pooling)
+
 
 @dataclasses.dataclass(frozen=True)
 class FieldSpec:
@@ -43,7 +45,7 @@ class FieldSpec:
             raise ValueError(f"field {self.name!r}: vocab_size must be >= 1, got {self.vocab_size}")
         if self.max_len < 1:
             raise ValueError(f"field {self.name!r}: max_len must be >= 1, got {self.max_len}")
-        if self.pooling not in ("", "sum", "mean"):
+        if self.pooling and self.pooling not in POOLINGS:
             raise ValueError(f"field {self.name!r}: pooling must be sum or mean, got {self.pooling!r}")
         if not self.table:
             object.__setattr__(self, "table", self.name)

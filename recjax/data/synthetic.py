@@ -25,6 +25,7 @@ import numpy as np
 
 from recjax.batch import Chunk
 from recjax.concurrency import ordered_map
+from recjax.config_fields import check_choices
 from recjax.data.base import ReadStats
 from recjax.features import FeatureSpec, FieldSpec
 
@@ -72,6 +73,7 @@ class SyntheticConfig:
     teacher: bool = True
 
     def __post_init__(self):
+        check_choices(self, "synthetic")
         if not self.cardinalities or min(self.cardinalities) < 1:
             raise ValueError("synthetic.cardinalities must be non-empty, each >= 1")
         if self.zipf <= 0:

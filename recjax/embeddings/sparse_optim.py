@@ -18,10 +18,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from recjax.config_fields import check_choices
 
 
 class SparseOptimizer(NamedTuple):
@@ -55,7 +57,9 @@ class SparseOptimConfig:
         0 = off.
     """
 
-    name: str = "sgd"
+    # the keys of SPARSE_OPTIMIZERS (defined below: the annotation is read when a config is made)
+    name: Literal[SPARSE_NAMES] = dataclasses.field(
+        default="sgd", metadata={"unknown": "sparse optimizer"})
     lr: float = 0.05
     eps: float = 1e-8
     initial_accumulator: float = 0.0
@@ -67,9 +71,7 @@ class SparseOptimConfig:
     embedding_l2: float = 0.0
 
     def __post_init__(self):
-        if self.name not in SPARSE_OPTIMIZERS:
-            raise ValueError(f"sparse.name: unknown sparse optimizer {self.name!r}; "
-                             f"choose one of {sorted(SPARSE_OPTIMIZERS)}")
+        check_choices(self, "sparse")
         if self.lr <= 0:
             raise ValueError(f"sparse.lr must be > 0, got {self.lr}")
         for name in ("b1", "b2"):
@@ -200,6 +202,7 @@ def ftrl(cfg: SparseOptimConfig) -> SparseOptimizer:
 SPARSE_OPTIMIZERS: dict[str, Callable[[SparseOptimConfig], SparseOptimizer]] = {
     "sgd": sgd, "adagrad": adagrad, "rowwise_adagrad": rowwise_adagrad, "adam": adam, "ftrl": ftrl,
 }
+SPARSE_NAMES = tuple(SPARSE_OPTIMIZERS)  # sparse.name
 
 
 def with_l2(opt: SparseOptimizer, lam: float) -> SparseOptimizer:

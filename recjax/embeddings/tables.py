@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from recjax.data.hashing import mix64
-from recjax.features import FeatureSpec
+from recjax.features import POOLINGS, FeatureSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +77,7 @@ def make_layout(spec: FeatureSpec, groups: dict[str, int], pooling: str = "sum",
     ``embed.dims``); `lookup` zero-pads a narrower table's activations to the group's dim and
     `row_gradients` drops the padding's gradient.
     """
-    if pooling not in ("sum", "mean"):
+    if pooling not in POOLINGS:
         raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
     if spec.n_fields == 0:
         raise ValueError("the data has no categorical fields; recjax models need at least one")

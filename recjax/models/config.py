@@ -8,6 +8,9 @@ Defaults follow the DLRM Criteo-Kaggle configuration of Naumov et al. (2019): de
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
+
+from recjax.config_fields import check_choices
 
 # The model names `--model` accepts; `recjax.models.MODELS` maps each to its module class.
 MODEL_NAMES = ("lr", "fm", "wide_deep", "deepfm", "dlrm", "dcn")
@@ -47,7 +50,8 @@ class ModelConfig:
         (1 - m) * batch; 0.9 = PyTorch's momentum 0.1).
     """
 
-    name: str = "dlrm"  # model family, one of MODEL_NAMES
+    name: Literal[MODEL_NAMES] = dataclasses.field(  # model family
+        default="dlrm", metadata={"unknown": "model"})
     embed_dim: int = 16  # D: embedding width of every field
     bottom_mlp: tuple[int, ...] = (512, 256, 64)  # DLRM bottom hidden widths; + (embed_dim,)
     top_mlp: tuple[int, ...] = (512, 256)  # DLRM top hidden widths; + a 1-unit output layer
@@ -59,9 +63,7 @@ class ModelConfig:
     bn_momentum: float = 0.9  # decay of the batch-norm running averages
 
     def __post_init__(self):
-        if self.name not in MODEL_NAMES:
-            raise ValueError(
-                f"model.name: unknown model {self.name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        check_choices(self, "model")
         if self.embed_dim < 1:
             raise ValueError(f"model.embed_dim must be >= 1, got {self.embed_dim}")
         for field in ("bottom_mlp", "top_mlp", "deep_mlp"):

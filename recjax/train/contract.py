@@ -31,6 +31,7 @@ import numpy as np
 from recjax import metrics, registry
 from recjax.checkpoint import Checkpointer
 from recjax.config import Config
+from recjax.config_fields import resumable_keys
 from recjax.data.pipeline import batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.metrics.logloss import sigmoid
@@ -39,24 +40,20 @@ from recjax.train.data import RunData
 from recjax.train.setup import count_params
 from recjax.train.step import StepMetrics, TrainState
 
-# Config keys that may change between a checkpoint and its resumption: they do not alter the
-# trajectory (how long to train, what to write, how often). Everything else must match.
-# Not here, so refused: ``data.eval``, ``data.holdout`` and ``data.split_seed`` choose the eval
-# set and, when it is held out of the training data, the training set too (a new split puts
-# trained rows into the eval set); ``train.monitor`` chose the state ``out/best`` holds. The
-# others change how the data is read (caches, threads; the stream does not depend on them) or
-# how the metrics of the same rows are summed (``eval_batch_size``: float rounding only).
-RESUMABLE_CHANGES = {"train.steps", "train.epochs", "train.out", "train.resume", "train.log_every",
-                     "train.eval_every", "train.ckpt_every", "train.keep_ckpts", "train.progress",
-                     "train.save_predictions", "train.tensorboard", "train.stop_after",
-                     "train.eval_batch_size", "data.prefetch", "data.workers", "data.cache_dir",
-                     "data.cache_rows", "train.compile_cache", "train.early_stop_patience",
-                     "train.keep_best", "train.memory_check", "train.unverified_resume"}
+# Config keys that may change between a checkpoint and its resumption: the fields declared with
+# ``metadata=RESUMABLE`` (recjax/config.py). They do not alter the trajectory (how long to train,
+# what to write, how often). Everything else must match. Not marked, so refused: ``data.eval``,
+# ``data.holdout`` and ``data.split_seed`` choose the eval set and, when it is held out of the
+# training data, the training set too (a new split puts trained rows into the eval set);
+# ``train.monitor`` chose the state ``out/best`` holds. The marked ``data`` keys change how the
+# data is read (caches, threads; the stream does not depend on them), ``eval_batch_size`` how
+# the metrics of the same rows are summed (float rounding only); ``train.algo``,
+# ``train.devices`` and ``train.deterministic`` are the hand-over below.
+RESUMABLE_CHANGES = set(resumable_keys(Config))
 
 # Switching the algorithm (and its own settings) is a deliberate hand-over: checkpoints hold the
 # single-device layout, so any algorithm can continue any other's run (GBA's sync -> async).
 HANDOVER_SECTIONS = registry.handover_sections()  # spmd, runtime, ray, shadowsync, gba, persia
-RESUMABLE_CHANGES |= {"train.algo", "train.devices", "train.deterministic"}
 
 
 def check_resumable(saved: dict, now: dict, defaults: dict | None = None) -> None:
