@@ -38,8 +38,7 @@ def worker_role(rt: Runtime, worker: Worker, server: DensePS):
 
 def run(cfg: Config) -> dict:
     """``--algo async``: train, evaluate, return (and write) the summary."""
-    rc = cfg.runtime
-    rt = Runtime(cfg, rc.trainers * rc.workers_per_trainer)
+    rt = Runtime(cfg, cfg.runtime.hogwild_workers)
     s0 = rt.init_state
     # The dense PS lives in this process under every backend (as Persia's). Under Ray an
     # actor of its own moved more bytes: the driver owns the references of the calls it makes,

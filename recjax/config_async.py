@@ -63,6 +63,12 @@ class RuntimeConfig:
         if self.example_cost_us < 0:
             raise ValueError(f"runtime.example_cost_us must be >= 0, got {self.example_cost_us}")
 
+    @property
+    def hogwild_workers(self) -> int:
+        """n x m, the worker roles of the Hogwild topology (async, shadow, fr); GBA's and
+        Persia's workers are their own sections' ``gba.workers`` and ``persia.nn_workers``."""
+        return self.trainers * self.workers_per_trainer
+
 
 SYNC_RULES = ("easgd", "ma", "bmuf", "none")  # shadowsync.sync (algorithms/sync_rules.py)
 

@@ -73,3 +73,7 @@ def test_help_lists_the_annotations_choices():
     assert set(OPEN_CHOICES) == {"train.compile_cache"}  # the one value that is not a closed set
     assert "(str; " in next(ln for ln in text.splitlines() if ln.startswith("  --embed.pooling="))
 
+
+def test_the_hogwild_worker_count_is_one_property():
+    cfg = override(override(default(), "runtime.trainers", "3"), "runtime.workers_per_trainer", "2")
+    assert cfg.runtime.hogwild_workers == 6
