@@ -27,7 +27,7 @@ SINGLE, SPMD, HOST_ASYNC = "single", "spmd", "host_async"  # the kinds of algori
 # capability -> what it lets an algorithm do (read by the refusals in `RULES`)
 CAPABILITIES = {
     "train_mode": "run the training-mode forward pass",
-    "in_loop_eval": "evaluate inside the training loop (the shared trainer)",
+    "in_loop_eval": "evaluate during training, with early stopping and the best checkpoint",
     "lru_store": "keep dynamic ids in an LRU parameter server",
     "backends": "run their roles on a backend of choice (threads, virtual clock, Ray)",
     "table_dims": "look up tables of several widths",
@@ -56,7 +56,7 @@ class Algorithm:
     summary: str
 
 
-_ASYNC = frozenset({"lru_store", "backends"})
+_ASYNC = frozenset({"lru_store", "backends", "in_loop_eval"})
 _ENGINE = ("runtime", "ray")  # the host-async engine's sections
 
 ALGORITHMS: tuple[Algorithm, ...] = (

@@ -22,10 +22,8 @@ ASYNC = ("async", "shadow", "fr", "gba", "persia")
 HONOURED = {
     "dropout": (lambda c: _set(c, "model", dropout=0.1), ("single", "sync")),
     "batch_norm": (lambda c: _set(c, "model", batch_norm=True), ("single", "sync")),
-    "early_stop": (lambda c: _set(c, "train", early_stop_patience=2, eval_every=4),
-                   ("single", "sync", "des")),
-    "keep_best": (lambda c: _set(c, "train", keep_best=True, eval_every=4),
-                  ("single", "sync", "des")),
+    "early_stop": (lambda c: _set(c, "train", early_stop_patience=2, eval_every=4), ALL),
+    "keep_best": (lambda c: _set(c, "train", keep_best=True, eval_every=4), ALL),
     "lru": (lambda c: _set(c, "embed", store="lru"), ASYNC),
     "ray": (lambda c: _set(c, "runtime", backend="ray"), ASYNC),
     "virtual": (lambda c: _set(c, "runtime", backend="virtual"), ASYNC),

@@ -340,7 +340,7 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
     return Schedule(seconds, [], lost)
 
 
-def run_virtual(roles: list[RoleSpec], on_event: Callable[[float], None] | None = None
+def run_virtual(roles: list[RoleSpec], on_event: Callable[[float], bool | None] | None = None
                 ) -> Schedule:
     """Run the roles as one sequential schedule of events ordered by virtual time.
 
@@ -350,7 +350,8 @@ def run_virtual(roles: list[RoleSpec], on_event: Callable[[float], None] | None 
     notified its signal, and then resumes at that event's time. Ends when every foreground
     role has ended (background roles are closed); parties stuck in a collective whose peers
     have all ended are closed too. ``on_event(now)``, if given, is called after each role's
-    event, when every role is suspended (progress records, evals: ``report.py``).
+    event, when every role is suspended (progress records, evals: ``report.py``); when it
+    returns True the run ends there (early stopping), every role closed where it stands.
 
     Raises:
       RuntimeError: every role left is parked on a `Wait` that no role can make true.
@@ -440,8 +441,8 @@ def run_virtual(roles: list[RoleSpec], on_event: Callable[[float], None] | None 
                     waiting[key] = (sig, sig.generation, left)
                 else:
                     del waiting[key]
-            if on_event is not None:
-                on_event(now)
+            if on_event is not None and on_event(now):
+                break
     finally:
         for r in roles:
             r.role.close()

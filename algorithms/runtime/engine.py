@@ -318,8 +318,11 @@ class Runtime:
         if self.cluster is not None:
             self.cluster.stop()
 
-    def _totals(self, workers: list[Worker]) -> dict:
-        ms = [m for w in workers for m in w.counters.metrics]
+    def _totals(self, workers: list[Worker], completed: bool = False) -> dict:
+        """StepMetrics sums of the batches the workers scored (`completed`: only those of
+        iterations they completed, as at a step the roles were stopped at early)."""
+        ms = [m for w in workers
+              for m in w.counters.metrics[:w.counters.iterations if completed else None]]
         return contract.sum_metrics(ms) if ms else dict.fromkeys(StepMetrics._fields, 0.0)
 
     def execute(self, roles: list[RoleSpec], supply, snapshot=None, workers=(), counters=None,
@@ -357,9 +360,9 @@ class Runtime:
             vital()
             self.report.on_poll()
 
-        def on_event(now: float) -> None:
+        def on_event(now: float) -> bool:
             vital()
-            self.report.on_event(now)
+            return self.report.on_event(now)
 
         self.report.on_wait = lambda: dog.check("recjax-rt-")
 
@@ -418,6 +421,8 @@ class Runtime:
         totals = self._totals(workers)
         contract.check_finite(totals, f"before step {step}", self.ckpt)
         self.progress.add(totals)
+        if self.report.stopper is not None:  # the best so far goes on after a --resume
+            self.progress.early_stop = self.report.stopper.state()
         contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step), self.progress,
                       time.perf_counter() - self.t0, interrupted=True)
         print(f"{why} at step {step}; checkpoint in {self.cfg.train.out}")
@@ -440,26 +445,44 @@ class Runtime:
             except OSError:  # only GCS is gone: the actors' state is whole, finish as planned
                 pass
         iterations = sum(w.counters.iterations for w in workers)
-        step = self.start_step + iterations if step is None else step
-        state = self.state(params, opt_state, step)
-        totals = self._totals(workers)
+        report = self.report
+        if report.early is not None:  # early stopping ended the roles at an eval
+            state, ev, preds = report.early
+            step = int(state.step)
+        else:
+            step = self.start_step + iterations if step is None else step
+            state = self.state(params, opt_state, step)
+        totals = self._totals(workers, completed=report.early is not None)
         contract.check_finite(totals, f"in steps {self.start_step + 1}-{step}", self.ckpt)
         self.progress.add(totals)
         wall = time.perf_counter() - self.t0
         self.progress.train_seconds += sched.seconds
         self.progress.timed_steps += step - self.start_step
+        # the roles were to stop before the run's end: a checkpoint interval or stop_after (a
+        # run that ends short because it lost a role is at its end: it gets its summary)
+        at_end = report.early is not None or self.total_steps >= self.run_steps
+        if at_end and report.early is None:  # the final eval counts for the best checkpoint
+            ev, preds = contract.evaluate(cfg, self.data, self._predict(), state.params,
+                                          state.tables)
+            report.track(step, ev, state)
+        elif not at_end:  # an interval's end: the eval due there (mid-interval ones: `report`)
+            ev = preds = None
+            if tc.eval_every and step % tc.eval_every == 0 and step < self.run_steps:
+                ev, preds = contract.evaluate(cfg, self.data, self._predict(), state.params,
+                                              state.tables)
+                at_end = report.track(step, ev, state)  # early stopping at the boundary
+        if report.stopper is not None:
+            self.progress.early_stop = report.stopper.state()
         if self.ckpt is not None:
             contract.save(self.ckpt, cfg, state, self.progress, wall)
             self.ckpt.close()
-        # the roles were to stop before the run's end: a checkpoint interval or stop_after (a
-        # run that ends short because it lost a role is at its end: it gets its summary)
-        if self.total_steps < self.run_steps:
+        if not at_end:
+            report.boundary(step, sched.seconds, ev, extra)
             if self.cluster is not None:
                 self.cluster.stop()
             return {"stopped_at": step, "steps": step, "run_start": self.run_start,
                     "next_segment": self.periodic and step < (self.cfg.train.stop_after
                                                               or self.run_steps)}
-        ev, preds = contract.evaluate(cfg, self.data, self._predict(), params, state.tables)
         if self.ps.lru:
             extra = {"lru": self.ps.lru_counters(), **extra}
         extra = {"backend": self.backend, "lost_roles": sched.lost, **extra}
@@ -487,8 +510,8 @@ class Runtime:
                     self.costs, cfg.runtime.ps_shards, how), cfg.runtime.ps_shards)
                     for how in ("mod", "binpack")},
                 "virtual_events": sched.events if tc.deterministic else None,
-                **extra})
-        self.report.final(step, sched.seconds, ev, extra)
+                **extra, **(report.stopper.summary() if report.stopper is not None else {})})
+        self.report.final(step, sched.seconds, None if report.early is not None else ev, extra)
         contract.write_summary(cfg, summary, preds)
         return summary | {"final_state": state, "schedule": sched}
 

@@ -28,6 +28,7 @@ record, written by `Reporter.final`, equals it.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from tqdm.auto import tqdm
 
 from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract
+from recjax.train.early_stop import EarlyStopper
 from recjax.train.step import StepMetrics
 
 _PROGRESS_S = 1.0  # threads: a ``kind: progress`` record (iterations so far) this often
@@ -88,23 +90,31 @@ class Reporter:
         self._active = 0
         self._hold = False
         self._stop: threading.Event | None = None
+        # early stopping / the best checkpoint (None unless configured); its state comes from
+        # the checkpoint the run (or this interval) starts from
+        self.stopper = EarlyStopper.from_config(cfg, rt.ckpt is not None, rt.progress.early_stop)
+        self.early: tuple | None = None  # (TrainState, eval, predictions) where the run stopped
 
     @staticmethod
     def _after(step: int, every: int) -> int:
         return (step // every + 1) * every
 
     # -- the two interpreters' hooks ---------------------------------------------------------
-    def on_event(self, now: float) -> None:
-        """Virtual clock: called after every event, with the virtual time."""
+    def on_event(self, now: float) -> bool:
+        """Virtual clock: called after every event, with the virtual time; True ends the run
+        there (early stopping)."""
         s = self.step()
         if s == self._seen_step:
-            return
+            return False
         self._seen_step = s
         self.bar.update(s - self.bar.n)
         self._due(s, now)
+        return self.early is not None
 
     def on_poll(self) -> None:
         """Threads: called by the main thread every poll interval."""
+        if self.early is not None:  # stopped early: the roles are ending, nothing to record
+            return
         now = time.perf_counter()
         if now - self._t_progress >= _PROGRESS_S:
             self._t_progress = now
@@ -116,6 +126,8 @@ class Reporter:
             self._hold_roles()
             try:
                 self._due(self.step(), self._seconds())
+                if self.early is not None and self._stop is not None:
+                    self._stop.set()  # early stopping: the roles end where they are held
             finally:
                 self._release_roles()
 
@@ -192,21 +204,47 @@ class Reporter:
                 **(self.counters() if extra is None else extra)}
 
     def _evaluate(self) -> None:
-        """Evaluate the model as it is now (dense params and PS tables of one moment)."""
+        """Evaluate the model as it is now (dense params and PS tables of one moment); with
+        early stopping or keep_best, track it (`track`)."""
         rt = self.rt
-        params, _, s = self.snapshot()
-        tables = None if rt.ps.lru else rt.ps.snapshot()[0]
-        ev, _ = contract.evaluate(rt.cfg, rt.data, rt._predict(), params, tables)
-        self.writer.write({"kind": "eval", "step": int(s), **ev})
+        params, opt_state, s = self.snapshot()
+        s = int(s)
+        state = rt.state(params, opt_state, s) if self.stopper is not None else None
+        tables = None if rt.ps.lru else (state.tables if state is not None
+                                         else rt.ps.snapshot()[0])
+        ev, preds = contract.evaluate(rt.cfg, rt.data, rt._predict(), params, tables)
+        self.writer.write({"kind": "eval", "step": s, **ev})
+        if self.track(s, ev, state, preds):
+            self.early = (state, ev, preds)
 
-    def final(self, step: int, seconds: float, ev: dict, extra: dict) -> None:
-        """The segment's last records: train (the Train NE of summary.json), counters, eval;
-        the algorithm's counters on screen. Call after ``rt.progress`` took the segment's sums."""
+    def track(self, step: int, ev: dict, state, preds=None) -> bool:
+        """Hand an eval to the early stopper: an improving one writes `state` (a `TrainState`
+        at `step`) to out/best/; True when the run is to stop here (the stopper's patience ran
+        out). Without early stopping or keep_best: False."""
+        st = self.stopper
+        if st is None:
+            return False
+        if st.update(step, ev):
+            progress = copy.deepcopy(self.rt.progress)  # the Train NE sums up to `step`
+            if step > self.rt.start_step and self.workers:
+                progress.add(self.rt._totals(self.workers, completed=True))
+            st.save_best(lambda ckpt: contract.save(ckpt, self.rt.cfg, state, progress,
+                                                    time.perf_counter() - self.rt.t0))
+        if st.should_stop:
+            st.stopped_at = step
+            return True
+        return False
+
+    def final(self, step: int, seconds: float, ev: dict | None, extra: dict) -> None:
+        """The segment's last records: train (the Train NE of summary.json), counters, eval
+        (None: the eval that stopped the run early, already written); the algorithm's counters
+        on screen. Call after ``rt.progress`` took the segment's sums."""
         self.bar.update(step - self.bar.n)
         self.bar.close()
-        self._record(step, seconds, self._window(final=True), run_totals=self.rt.progress.totals,
-                     extra=extra)
-        self.writer.write({"kind": "eval", "step": step, **ev})
+        self._record(step, seconds, self._window(final=self.early is None),
+                     run_totals=self.rt.progress.totals, extra=extra)
+        if ev is not None:
+            self.writer.write({"kind": "eval", "step": step, **ev})
         self.close()
         if not self.tc.progress:
             return
@@ -217,9 +255,22 @@ class Reporter:
             for k, v in shown.items():
                 print(f"  {k:>36}  {v:.6g}" if isinstance(v, float) else f"  {k:>36}  {v}")
 
+    def boundary(self, step: int, seconds: float, ev: dict | None, extra: dict) -> None:
+        """The records of a checkpoint interval's end (`run_in_segments`): train and counters
+        over the batches since the last record (the next interval's roles start afresh, so its
+        window would miss them), and the eval made there, if one was due."""
+        self.bar.update(step - self.bar.n)
+        self._record(step, seconds, self._window(final=True), run_totals=self.rt.progress.totals,
+                     extra=extra)
+        if ev is not None:
+            self.writer.write({"kind": "eval", "step": step, **ev})
+        self.close()
+
     def close(self) -> None:
         self.bar.close()
         self.writer.close()
+        if self.stopper is not None:
+            self.stopper.close()
 
     # -- the gate (threads) ------------------------------------------------------------------
     def bind(self, stop: threading.Event) -> None:
@@ -249,12 +300,14 @@ class Reporter:
     def _enter(self) -> bool:
         """Wait while the gate is closed; False if the run stops meanwhile."""
         with self._cond:
+            if self._stopping():  # e.g. early stopping: not one more step after the eval
+                return False
             if not self._hold:  # a record is due: stop here until the main thread took it
                 s = self.step()
                 self._hold = self._log_due(s) or self._eval_due(s)
             while self._hold and not self._stopping():
                 self._cond.wait(0.05)
-            if self._hold:
+            if self._hold or self._stopping():
                 return False
             self._active += 1
             return True
