@@ -273,7 +273,7 @@ class TrainConfig:
         is better) | eval_ne | eval_logloss (lower is better); FuxiCTR's ``monitor``.
       early_stop_patience: stop after this many evals (every ``eval_every`` steps) in a row
         without a better ``monitor`` than the best so far (FuxiCTR's ``early_stop_patience``);
-        0 = never stop early. Needs eval_every > 0; --algo single, sync or des.
+        0 = never stop early. Needs eval_every > 0; every --algo.
       keep_best: keep the checkpoint of the best eval so far in out/best/ and report
         best_step / best_metric in summary.json (always on with early stopping). Needs
         eval_every > 0.
