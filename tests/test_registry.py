@@ -3,6 +3,9 @@ setting an algorithm cannot honour is refused, naming the ones that can.
 
 The expected capabilities below are written by hand from the algorithms' docs (README's
 feature table, DESIGN.md section 4), not read from the registry, so a wrong row fails here.
+They cover the rows the registry began with (`ALL`, its first rows, in order); a row added
+later checks its own capabilities, by hand, in its own test file (tests/test_diloco.py), so
+adding an algorithm edits no list here.
 """
 
 import dataclasses
@@ -36,17 +39,19 @@ def _set(cfg, section, **kw):
 
 
 def test_every_list_of_algorithms_is_the_registry():
-    assert registry.NAMES == ALL == ALGOS
-    assert config_help.CHOICES["train.algo"] == ALL
-    assert HOST_ASYNC == ASYNC == registry.names(kind=registry.HOST_ASYNC)
-    assert set(algorithms.RUNNERS) == set(ALL)
-    assert set(contract.HANDOVER_SECTIONS) == {"spmd", "runtime", "ray", "shadowsync", "gba",
-                                               "persia"}
+    assert registry.NAMES[:len(ALL)] == ALL
+    assert ALGOS == config_help.CHOICES["train.algo"] == registry.NAMES
+    assert registry.names(kind=registry.HOST_ASYNC) == HOST_ASYNC  # the engine's list
+    assert HOST_ASYNC[:len(ASYNC)] == ASYNC
+    assert set(algorithms.RUNNERS) == set(registry.NAMES)
+    assert set(contract.HANDOVER_SECTIONS) == {s for a in registry.ALGORITHMS for s in a.sections}
+    assert {"spmd", "runtime", "ray", "shadowsync", "gba", "persia"} <= set(
+        contract.HANDOVER_SECTIONS)
     fields = {f.name for f in dataclasses.fields(Config)}
     assert all(s in fields for a in registry.ALGORITHMS for s in a.sections)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", registry.NAMES)
 def test_each_row_runs_a_function(name):
     assert callable(algorithms.runner(name))
 
@@ -73,4 +78,4 @@ def _either(xs):
 
 def test_help_names_every_algorithm():
     line = registry.help_line()
-    assert all(f"{n}: " in line for n in ALL)
+    assert all(f"{n}: " in line for n in registry.NAMES)
