@@ -18,7 +18,7 @@ test-all:
 lint:
 	$(PY) -m ruff check .
 
-# Mutation testing (mutmut) of the modules in scripts/mutants.py's GROUPS, one mutant at a time;
+# Mutation testing (mutmut) of the modules in recjax/tools/mutants.py's GROUPS, one mutant at a time;
 # hours on the 2-core box (scripts/mutants.py GROUP --only REPORT re-runs one report's survivors).
 # Numbers and equivalent survivors: docs/testing.md.
 mutants:

@@ -31,7 +31,7 @@ def available() -> bool:
 
 def make_runner(cards, n_dense: int, dim: int, bottom, top, lr: float, staged, compiled=False,
                 device: str = "cpu"):
-    """``(run(n), close)`` for `scripts.bench.interleaved`; `staged` holds recjax Batches."""
+    """``(run(n), close)`` for `algorithms.tools.bench.interleaved`; `staged` holds recjax Batches."""
     import torch
     from torch import nn
 
