@@ -91,7 +91,7 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
     minis = rt.ps.pull(rows)
     acts = jax.block_until_ready(p.emb_lookup(minis, local.ids, local.mask))
     sl = p._slice(acts, batch, 0)
-    _, g_params, g_acts = jax.block_until_ready(p.nn_grads(p.dense.params, *sl))
+    _, g_params, g_acts = jax.block_until_ready(p.nn_grads[0](p.dense.params, *sl))
     full = {g: jnp.concatenate([v] * k) for g, v in g_acts.items()}
     row_g = jax.block_until_ready(p.row_grads(full, local.ids, local.mask))
     # what the all-reduce would cost as one jitted call (mean in party order + optimizer step)
@@ -107,7 +107,7 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
         "acts to host, K slices": lambda: [codec.send_values(np.asarray(a))
                                            for j in range(k) for a in p._slice(acts, batch, j)[0].values()],
         "nn forward/backward (jit, B/K rows)": lambda: jax.block_until_ready(
-            p.nn_grads(p.dense.params, *sl)),
+            p.nn_grads[0](p.dense.params, *sl)),
         "act grads to host": lambda: [codec.send_values(np.asarray(a)) for a in g_acts.values()],
         "all-reduce mean + dense apply (jit)": lambda: jax.block_until_ready(
             p.dense._reduce([g_params] * k)),
