@@ -11,14 +11,17 @@ staleness threshold of Eq. 1.
   (gradients, token) without waiting }. Fast workers take more entries. The printed formula
   is ``floor(i / K)``; the text says each token repeats M times, which only ``floor(i / M)``
   satisfies (../shared/papers/README.md).
-* PS (Alg. 2, Eq. 1): a buffer of M gradients; when full, a gradient with ``k - t > iota`` is
-  dropped, the dense gradients are summed and divided by M (``gba.dense_mean``), each embedding
-  row's gradient is summed over the kept gradients whose batch touched it and divided by how
-  many did (``gba.embedding_mean``), one optimizer step is applied, ``k += 1``. App. B drops an
-  embedding row by the global step at which the row was last updated, not by k
-  (``gba.embedding_staleness``). One PS (PS0) owns k and the buffer: its apply is one event, so
-  every table shard applies the same global step (docs/gba.md: the paper's shards each keep a
-  buffer and leave open how they agree on k).
+* PS (Alg. 2, Eq. 1): a buffer of M gradients; when full, the dense part of a gradient with
+  ``k - t > iota`` is dropped and the kept ones are summed and divided by M (l. 20, 22;
+  ``gba.dense_mean``). Each embedding row is judged apart from its dense part, by Eq. 1 with
+  its id's tag (the global step after the row's last update) in place of k (l. 19, 21;
+  ``gba.embedding_staleness``), so a stale gradient's rows of scarce ids survive; an id's
+  applied rows are summed and divided by how many gradients met the id (l. 23;
+  ``gba.embedding_mean``). One optimizer step is applied, ``k += 1``. Where Alg. 2 is
+  ambiguous (the order of l. 19 and 21, the divisor), docs/gba.md says how it is read. One PS
+  (PS0) owns k and the buffer: its apply is one event, so every table shard applies the same
+  global step (docs/gba.md: the paper's shards each keep a buffer and leave open how they
+  agree on k).
 
 The baselines run on the same PS, workers and data list (Sec. 5.1; ``--gba.mode``):
 
@@ -331,27 +334,35 @@ class GbaServer:
             mean = total if denom == 1 else _tree_scale(total, 1.0 / denom)
             self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state, mean)
         # App. B Alg. 2 l. 20-21: the dense part is judged by k - token (Eq. 1), each embedding
-        # row by its id's tag - token, separately: under the per-id rule the rows of a gradient
-        # whose dense part Eq. 1 dropped are judged too (a scarce id's fresh row survives).
-        rows_from = entries if self.per_id else kept
-        if rows_from:
-            self._apply_rows(rows_from, len(entries))
+        # row apart from it, by its id's tag - token (`_apply_rows`): the rows of a gradient
+        # whose dense part Eq. 1 dropped are judged too, and a scarce id's row survives.
+        if kept or self.per_id:
+            self._apply_rows(entries, keep)
         self.stats.updates += 1
         self.version += 1
 
-    def _apply_rows(self, kept: list[Grad], n_entries: int) -> None:
-        """Per table: drop stale rows, average each id over the gradients that touched it.
+    def _apply_rows(self, entries: list[Grad], keep: list[bool] | None = None) -> None:
+        """Per table: the rows' f (Alg. 2 l. 21), then each id's f-weighted sum over the
+        gradients that touched it, divided by how many touched it (l. 23).
+
+        A row's f is 1 or 0: under ``embedding_staleness=id`` it is Eq. 1 with the id's tag (the
+        update after the row's last one, `RowTags`) in place of k, ``tag - t <= iota``; under
+        ``token`` (and in the baselines) it is its gradient's own Eq. 1 verdict `keep`. A row
+        with f = 0 is not applied but its gradient still *encountered* the id: it counts in
+        ``embedding_mean=touched``'s denominator, as a dropped gradient counts in l. 22's
+        ``N_a`` (docs/gba.md).
 
         Args:
-          kept: the gradients whose rows are judged (under the per-id rule every gradient of
-            the update, else those Eq. 1 kept).
-          n_entries: the gradients of the update (``embedding_mean=buffer`` divides by it).
+          entries: the gradients of the update, in index order.
+          keep: each gradient's Eq. 1 verdict (None: all kept).
         """
         rt, gc, k = self.rt, self.gc, self.version
-        if len(kept) == 1 and not self.per_id:
+        keep = [True] * len(entries) if keep is None else keep
+        n_entries = len(entries)
+        if n_entries == 1 and keep[0] and not self.per_id:
             # one gradient (async, or a buffer of one): its rows are unique already and each
             # was touched once, so the mean is the sum; push it as it came
-            e = kept[0]
+            e = entries[0]
             scale = 1.0 if gc.embedding_mean == "touched" else 1.0 / n_entries
             stale = []
             for name, (ids, n) in e.rows.items():
@@ -367,35 +378,41 @@ class GbaServer:
         sums: dict[str, np.ndarray] = {}
         stale_all = []
         for t in rt.model.layout.tables:
-            ids = np.concatenate([e.rows[t.name][0][:e.rows[t.name][1]] for e in kept])
-            g = np.concatenate([np.asarray(e.sums[t.name])[:e.rows[t.name][1]] for e in kept])
-            pulled = np.concatenate([np.full(e.rows[t.name][1], e.version) for e in kept])
-            token = np.concatenate([np.full(e.rows[t.name][1], e.token) for e in kept])
+            n_of = [e.rows[t.name][1] for e in entries]
+            ids = np.concatenate([e.rows[t.name][0][:n] for e, n in zip(entries, n_of)])
+            g = np.concatenate([np.asarray(e.sums[t.name])[:n] for e, n in zip(entries, n_of)])
+            pulled = np.repeat([e.version for e in entries], n_of)
+            token = np.repeat([e.token for e in entries], n_of)  # t of each row's gradient
             tag = self.tag.get(t.name, ids)
-            stale = np.maximum(tag - pulled, 0)
-            ok = np.ones(ids.size, bool)
             if self.per_id:
-                ok = tag - token <= gc.iota  # App. B: the row's last update, not k
+                ok = tag - token <= gc.iota  # l. 21: Eq. 1 with the id's tag for k
                 self.stats.dropped_rows += int((~ok).sum())
-            stale_all.append(stale[ok])
-            ids, g = ids[ok], g[ok]
+            else:
+                ok = np.repeat(np.asarray(keep, bool), n_of)
+            stale_all.append(np.maximum(tag - pulled, 0)[ok])
             order = np.argsort(ids, kind="stable")  # equal ids in buffer (index) order
-            ids, g = ids[order], g[order]
+            ids, g, ok = ids[order], g[order], ok[order]
+            if ids.size:
+                starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+                touched = np.diff(np.r_[starts, ids.size])  # gradients that met each id
+                alive = np.add.reduceat(ok, starts) > 0  # ids with a row of f = 1
+            else:
+                touched, alive = np.zeros(0, np.int64), np.zeros(0, bool)
+            ids, g = ids[ok], g[ok]
             if ids.size:
                 starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
                 uniq, summed = ids[starts], np.add.reduceat(g, starts, axis=0)
             else:  # every row of this table was dropped as stale
-                starts, uniq, summed = np.zeros(0, np.int64), ids, g
+                uniq, summed = ids, g
             if gc.embedding_mean == "touched":
-                counts = np.diff(np.r_[starts, ids.size])
-                summed /= counts[:, None].astype(np.float32)
+                summed /= touched[alive][:, None].astype(np.float32)
             else:
                 summed /= np.float32(n_entries)
             padded = np.full(cap * len(t.field_index), t.num_embeddings, np.int64)
             padded[:uniq.size] = uniq
             rows[t.name] = (padded, uniq.size)  # fixed M; the rows past uniq.size push zero
             sums[t.name] = summed
-            self.tag.set(t.name, uniq, k + 1)
+            self.tag.set(t.name, uniq, k + 1)  # l. 19: the ids updated in this global step
         self.stats.add_rows(np.concatenate(stale_all))
         rt.ps.push_sums(rows, sums)
 
@@ -525,7 +542,7 @@ def server_warm(server: GbaServer, warm: tuple) -> None:
     saved = rt.ps.snapshot()
     step0 = [sh.step if sh.tables else 0 for sh in rt.ps.shards]
     n = server.p.aggregate  # the shapes of a full update (a buffer of one takes a fast path)
-    server._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n, n)
+    server._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n)
     jax.block_until_ready(rt.dense_apply(server.params, server.opt_state, g))
     rt.ps.restore(*saved)  # undo the probe: tables, slots, optimizer steps, tags, counters
     for sh, st in zip(rt.ps.shards, step0):
