@@ -1,10 +1,11 @@
 """Run configuration: frozen dataclass sections, named configs, and `--section.field=value`.
 
 A `Config` holds one frozen dataclass per section (``data``, ``synthetic``, ``model``, ``embed``,
-``dense``, ``sparse``, ``train``, ``spmd``, and the host-async sections defined in
+``dense``, ``sparse``, ``train``, ``spmd``, the host-async sections defined in
 `recjax.config_async`: the engine's ``runtime``, ``ray``, and each host-async algorithm's own
-``shadowsync``, ``gba``, ``persia``). Overrides are type-checked against the field's annotation
-and unknown keys are refused with the closest valid names (nanoGPT's configurator, made strict).
+``shadowsync``, ``gba``, ``persia``; and ``diloco``). Overrides are type-checked against the
+field's annotation and unknown keys are refused with the closest valid names (nanoGPT's
+configurator, made strict).
 A field's declaration says the rest (`recjax.config_fields`): a ``Literal`` annotation is its
 closed set of values (checked, listed by ``--help-config``), ``metadata=RESUMABLE`` lets a
 ``--resume`` change it.
@@ -233,6 +234,41 @@ class SpmdConfig:
                              f"{self.route_capacity}")
 
 
+@dataclasses.dataclass(frozen=True)
+class DilocoConfig:
+    """DiLoCo / local SGD on a device mesh (algorithms/diloco.py; Douillard et al. 2023, Alg. 1).
+
+    Attributes:
+      replicas: k, model replicas, each with its own dense params, embedding tables and inner
+        optimizer state, each training on its B/k rows of every global batch; a multiple of
+        the devices (each device holds k / devices whole replicas); 0 = one per device.
+      inner_steps: H, inner steps (the ordinary train step, ``--dense.*`` and ``--sparse.*``
+        being the inner optimizer) between two outer steps; a run's last round ends at
+        ``train.steps``.
+      outer_lr: the outer optimizer's learning rate (Nesterov SGD on the replicas' mean
+        parameter delta; the paper's 0.7).
+      outer_momentum: its Nesterov momentum (the paper's 0.9); 0 with outer_lr 1 makes the outer
+        step the replicas' average: local SGD (Lin et al. 2018).
+    """
+
+    replicas: int = 0
+    inner_steps: int = 8
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    def __post_init__(self):
+        check_choices(self, "diloco")
+        if self.replicas < 0:
+            raise ValueError(f"diloco.replicas must be >= 0 (0 = one per device), got "
+                             f"{self.replicas}")
+        if self.inner_steps < 1:
+            raise ValueError(f"diloco.inner_steps must be >= 1, got {self.inner_steps}")
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            raise ValueError(f"diloco.outer_lr must be > 0, got {self.outer_lr}")
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise ValueError(f"diloco.outer_momentum must be in [0, 1), got {self.outer_momentum}")
+
+
 ALGOS = registry.NAMES  # every --algo (recjax/registry.py)
 
 
@@ -358,6 +394,7 @@ class Config:
     gba: GbaConfig = GbaConfig()
     persia: PersiaConfig = PersiaConfig()
     ray: RayConfig = RayConfig()
+    diloco: DilocoConfig = DilocoConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

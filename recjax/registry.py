@@ -78,6 +78,10 @@ ALGORITHMS: tuple[Algorithm, ...] = (
               "GBA: global-batch gradient aggregation and its baselines (Su et al., NeurIPS 2022)"),
     Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"), _ASYNC,
               "Persia: hybrid sync dense / async embeddings (Lian et al., KDD 2022)"),
+    Algorithm("diloco", SPMD, "algorithms.diloco:run", ("spmd", "diloco"),
+              frozenset({"in_loop_eval"}),
+              "DiLoCo / local SGD: replicas take H local steps, then a Nesterov outer step on "
+              "their mean delta (Douillard et al. 2023)"),
 )
 REGISTRY: dict[str, Algorithm] = {a.name: a for a in ALGORITHMS}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
