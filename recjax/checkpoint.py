@@ -164,9 +164,13 @@ class Checkpointer:
             print(f"removed {len(stale)} unfinished checkpoint save(s) in {self.directory}: "
                   + ", ".join(os.path.basename(p) for p in stale))
 
-    def save(self, step: int, state: Any, meta: dict) -> None:
+    def save(self, step: int, state: Any, meta: dict, extra: Any = None) -> None:
         """Write `state` at `step`, read it back and check it, then drop the oldest beyond
         `max_to_keep`; returns once all of that is done (a stop right after is safe).
+
+        `extra`: a pytree of arrays that only the algorithm that wrote it reads back
+        (`restore_extra`: e.g. ShadowSync's replicas), committed with `state` in the same
+        rename and checksummed likewise; `restore` and every other algorithm ignore it.
 
         A step that is already committed and intact is not written again (Ctrl-C right after a
         periodic save saves the same step); a damaged one is replaced. A step that fails its
@@ -188,12 +192,16 @@ class Checkpointer:
                       + ("" if known else f" ({why})"))
                 self._delete(step)
             record = [[*spec, crc] for spec, crc in zip(array_specs(state), checksums(state))]
+            integrity = {"checksum": "crc32", "arrays": record}
+            items = {"state": ocp.args.StandardSave(state)}
+            if extra is not None:
+                integrity["extra_arrays"] = [[*spec, crc] for spec, crc in
+                                             zip(array_specs(extra), checksums(extra))]
+                items["extra"] = ocp.args.StandardSave(extra)
             try:
                 with _orbax_quiet():  # its threads log each failure with a traceback
                     self._mngr.save(step, args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(state),
-                        meta=ocp.args.JsonSave({**meta, "integrity": {"checksum": "crc32",
-                                                                      "arrays": record}})),
+                        **items, meta=ocp.args.JsonSave({**meta, "integrity": integrity})),
                         force=True)
             except Exception as e:
                 for path in glob.glob(os.path.join(glob.escape(self.directory),
@@ -209,7 +217,7 @@ class Checkpointer:
                               else "no earlier checkpoint was written"))
                 raise OSError(f"could not write checkpoint step {step} in {self.directory}: "
                               f"{why}") from e
-            why = self._verify(step, state)
+            why = self._verify(step, state, extra)
             if why is not None:
                 self._bad[step] = why
                 print(f"checkpoint step {step} in {self.directory} is damaged right after "
@@ -253,8 +261,63 @@ class Checkpointer:
             f"no intact checkpoint in {self.directory}: " + "; ".join(skipped)
             + ". Start a new run in another --out, or put back a copy of that directory")
 
+    def restore_extra(self, step: int, like: Any) -> Any:
+        """The `extra` tree saved with `step` (`save`), with the structure of `like`; None when
+        the step has none (another algorithm wrote it, or a recjax version before extras).
+
+        Raises:
+          ValueError: its arrays do not match `like` (e.g. another number of replicas).
+          CheckpointCorruptError: its bytes fail their checksums or cannot be read.
+        """
+        try:
+            return self._read_extra(step, like)
+        except _Damaged as e:
+            self._bad[step] = str(e)
+            raise CheckpointCorruptError(
+                f"checkpoint step {step} in {self.directory} is damaged: {e}") from None
+
     def close(self) -> None:
         self._mngr.close()
+
+    @staticmethod
+    def _abstract(like: Any, host: bool) -> Any:
+        sharding = None
+        if host:
+            with contextlib.suppress(RuntimeError):  # no CPU backend: wherever orbax puts it
+                sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        # a 64-bit leaf (an LRU store's raw ids, its clock) stays numpy: as a jax array
+        # without x64 it would come back 32-bit, and its bytes would fail their CRC
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=sharding
+            if jax.dtypes.canonicalize_dtype(x.dtype) == x.dtype else None), like)
+
+    def _read_extra(self, step: int, like: Any, host: bool = False) -> Any:
+        """The verified `extra` of `step` (None if it has none); `_Damaged` on bad bytes."""
+        try:
+            meta = dict(self._mngr.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore())).meta)
+        except Exception as e:
+            raise _Damaged(f"its metadata cannot be read: {_first_line(e)}") from e
+        integrity = meta.get("integrity")
+        record = integrity.get("extra_arrays") if isinstance(integrity, dict) else None
+        if record is None:
+            return None
+        _integrity_record({"checksum": integrity.get("checksum"), "arrays": record})
+        mine = array_specs(like)
+        if [r[:3] for r in record] != mine:
+            raise ValueError(f"checkpoint {self.directory}/{step}: the algorithm's own state "
+                             f"does not fit this run: {_spec_diff([r[:3] for r in record], mine)}")
+        try:
+            extra = self._mngr.restore(step, args=ocp.args.Composite(
+                extra=ocp.args.StandardRestore(self._abstract(like, host)))).extra
+        except Exception as e:
+            raise _Damaged(f"an array file of its algorithm state cannot be read: "
+                           f"{_first_line(e)}") from e
+        bad = [r[0] for r, crc in zip(record, checksums(extra)) if r[3] != crc]
+        if bad:
+            raise _Damaged(f"checksum mismatch in the algorithm state's {bad[0]}"
+                           + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+        return extra
 
     def _read(self, step: int, like: Any, host: bool = False) -> tuple[Any, dict]:
         """The verified ``(state, meta)`` of `step`, onto the CPU with `host`.
@@ -278,18 +341,9 @@ class Checkpointer:
             mine = array_specs(like)
             if [r[:3] for r in record] != mine:
                 raise ValueError(self._mismatch(step, _spec_diff([r[:3] for r in record], mine)))
-        sharding = None
-        if host:
-            with contextlib.suppress(RuntimeError):  # no CPU backend: wherever orbax puts it
-                sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
-        # a 64-bit leaf (an LRU store's raw ids, its clock) stays numpy: as a jax array
-        # without x64 it would come back 32-bit, and its bytes would fail their CRC
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype, sharding=sharding
-            if jax.dtypes.canonicalize_dtype(x.dtype) == x.dtype else None), like)
         try:
             state = self._mngr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract))).state
+                state=ocp.args.StandardRestore(self._abstract(like, host)))).state
         except Exception as e:
             if record is None:  # written before checksums: cannot tell mismatch from damage
                 raise ValueError(self._mismatch(step, _first_line(e) + " (or the checkpoint "
@@ -303,7 +357,7 @@ class Checkpointer:
         self._good.add(step)
         return state, meta
 
-    def _verify(self, step: int, like: Any) -> str | None:
+    def _verify(self, step: int, like: Any, extra: Any = None) -> str | None:
         """None if `step` reads back (onto the CPU) with matching CRCs, else why not.
 
         Raises:
@@ -311,6 +365,8 @@ class Checkpointer:
         """
         try:
             self._read(step, like, host=True)
+            if extra is not None:
+                self._read_extra(step, extra, host=True)
         except _Damaged as e:
             return str(e)
         return None

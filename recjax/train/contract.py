@@ -286,8 +286,9 @@ def non_finite_leaves(state: Any) -> list[str]:
 
 
 def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
-         wall_now: float, **meta: Any) -> None:
-    """Checkpoint `state` at its step with the config and the run's progress.
+         wall_now: float, extra: Any = None, **meta: Any) -> None:
+    """Checkpoint `state` at its step with the config and the run's progress (and `extra`,
+    the algorithm's own arrays: `Checkpointer.save`).
 
     Raises:
       DivergedError: a leaf of the state (parameters, optimizer slots, tables) is NaN or
@@ -295,7 +296,7 @@ def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
         optimizer slot overflows).
     """
     step = int(state.step)
-    if bad := non_finite_leaves(state):
+    if bad := non_finite_leaves(state) + (non_finite_leaves(extra) if extra is not None else []):
         last = ckpt.latest_step()
         raise DivergedError(
             f"the train state at step {step} holds NaN or infinite values in "
@@ -305,7 +306,7 @@ def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
                else "No checkpoint was written before it. ")
             + "Lower the learning rates (--dense.lr, --sparse.lr) or add --dense.clip_norm")
     ckpt.save(step, state, {"config": cfg.to_dict(), "progress": progress.as_dict(wall_now),
-                            **meta})
+                            **meta}, extra)
 
 
 def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:
