@@ -20,7 +20,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from algorithms import async_ps, gba, persia, shadowsync  # noqa: E402
-from algorithms.runtime import ray_backend, ray_ps, ray_workers  # noqa: E402
+from algorithms.runtime import ray_backend, ray_ps, ray_wire, ray_workers  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from tests.runtime_util import assert_trees, reference, small_cfg, worker_batches  # noqa: E402
 
@@ -400,7 +400,7 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
     split = types.SimpleNamespace(pull_rows=live.pull_rows, push_rows=dead.push_rows)
     try:
         (m, failed, secs), g, none = server.step(state.params, local, False, True,
-                                                  [(split, ray_backend.wire_rows(rows))])
+                                                  [(split, ray_wire.wire_rows(rows))])
         assert none is None and set(failed) == {0} and secs > 0
         _, _, per_entry = server.compute(state.params, local, False, ray.get(live.pull.remote(rows)))
         # the driver's retry (`RayWorker.push` of the step's `_Pushed`) through a proxy of
@@ -424,7 +424,7 @@ def test_a_push_that_finds_its_shard_dead_comes_back_to_the_driver(cluster):
         # the first n of the per-row sums the step computes, nothing pushed
         before = ray.get(live.snapshot.remote())[0]
         (m, failed, _), g, sums = server.step(state.params, local, True, False,
-                                              [(live, ray_backend.wire_rows(rows))])
+                                              [(live, ray_wire.wire_rows(rows))])
         _, _, full = server.compute(state.params, local, True, ray.get(live.pull.remote(rows)))
         assert failed == {}
         for k in names:

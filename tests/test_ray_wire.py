@@ -1,5 +1,5 @@
 """The Ray backend's messages, without a Ray instance: what travels between actors (the real
-ids and rows of a batch, `ray_backend.wire_rows` / `pack_rows`) and what a hosted server
+ids and rows of a batch, `ray_wire.wire_rows` / `pack_rows`) and what a hosted server
 answers. The tests that start Ray are in tests/test_ray_backend.py and test_ray_processes.py."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms.runtime import ray_backend, ray_ps
+from algorithms.runtime import ray_backend, ray_ps, ray_wire
 from tests.runtime_util import assert_trees
 
 
@@ -40,15 +40,15 @@ def test_real_rows_on_the_wire_give_the_same_update(name):
     want = ps_lib.EmbeddingShard(0, tables, slots, opt)
     server = ray_ps.ShardServer(0, SparseOptimConfig(name=name, lr=0.1), tables, slots, None)
     got = server.shard
-    wire = ray_backend.wire_rows(rows)  # what travels: the real ids only
+    wire = ray_wire.wire_rows(rows)  # what travels: the real ids only
 
     pulled = want.pull(rows)
-    back = ray_backend.unpack_rows(server.pull_rows(wire), rows)
+    back = ray_wire.unpack_rows(server.pull_rows(wire), rows)
     for k in vocab:
         n = rows[k][1]
         assert local[k].max() < n  # a lookup never reaches the filler rows
         np.testing.assert_array_equal(back[k][local[k]], tables[k][rows[k][0][local[k]]])
-        assert ray_backend.pack_rows(pulled, rows)[k].shape == (n, dim[k])
+        assert ray_wire.pack_rows(pulled, rows)[k].shape == (n, dim[k])
         assert not back[k][n:].any()
 
     want.push(rows, {k: (local[k], grads[k]) for k in vocab})
@@ -57,7 +57,7 @@ def test_real_rows_on_the_wire_give_the_same_update(name):
         s = np.zeros((positions, dim[k]), np.float32)
         np.add.at(s, local[k], grads[k])
         sums[k] = s
-    server.push_rows(wire, ray_backend.pack_rows(sums, rows))
+    server.push_rows(wire, ray_wire.pack_rows(sums, rows))
     tol = {"rtol": 1e-6, "atol": 1e-6}
     assert_trees(got.tables, want.tables, **tol)
     assert_trees(got.slots, want.slots, **tol)
@@ -78,8 +78,8 @@ def test_rows_on_the_wire_come_back_exactly(shapes):
         ids = np.full(size, 1000 + fill, np.int64 if i % 2 else np.int32)
         ids[:n] = np.random.default_rng(i).permutation(1000)[:n]
         rows[f"t{i}"] = (ids, n)
-    wire = ray_backend.wire_rows(rows)
-    back = ray_backend.unwire_rows(wire)
+    wire = ray_wire.wire_rows(rows)
+    back = ray_wire.unwire_rows(wire)
     assert set(back) == set(rows)
     for k, (ids, n) in rows.items():
         assert wire[k][0].size == n
@@ -104,7 +104,7 @@ def test_a_hosted_server_answers_in_numpy():
             self.params = {k: v + g[k] for k, v in self.params.items()}
             return self.params["b"]
 
-    host = ray_backend._Host(Server, 2.0)
+    host = ray_wire._Host(Server, 2.0)
     (params, version) = host.call("pull")
     assert version == 4 and set(params) == {"w", "b"}
     for k, v in params.items():

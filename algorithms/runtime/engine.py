@@ -204,18 +204,18 @@ class Runtime:
                                   self.placement, rc.ps_shards, lru=lru)
 
     def host(self, cls: type, factory, *args, **proxy) -> Any:
-        """Under Ray, a server the roles share in an actor of its own: a `ray_backend.Hosted`
+        """Under Ray, a server the roles share in an actor of its own: a `ray_wire.Hosted`
         proxy (of `cls`'s methods) of ``factory(*args)`` built there; `proxy` keywords say
         which attributes stay local, which methods notify, which results stay references.
         Without Ray the roles share the server object itself, so there is nothing to host."""
         if self.cluster is None:
             raise RuntimeError("Runtime.host is for --backend ray: without it, share the server")
-        from algorithms.runtime import ray_backend
+        from algorithms.runtime import ray_wire
 
-        handle = self.cluster.spawn(ray_backend._Host, factory, *args, concurrency=16,
+        handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
                                     resource=self.cfg.ray.ps_resource)
         self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
-        return ray_backend.Hosted(handle, cls, **proxy)
+        return ray_wire.Hosted(handle, cls, **proxy)
 
     def remote_fn(self, group: int, name: str, factory, *args):
         """``jax.jit(factory(rt, *args))`` as a `LocalFn`, or under Ray the same function

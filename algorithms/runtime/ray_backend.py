@@ -13,9 +13,15 @@ through Ray's object store between the processes that own them, not through the 
 * `ray_workers.ComputeServer`: one actor per worker group (a worker of async PS and GBA, a trainer's m
   workers for ShadowSync, an NN worker of Persia), running single-process JAX: the gradient
   function the threads run (`worker.make_grads`), rebuilt in the actor from the config.
-* `host`: any value-only server (``ps.DensePS``, ``ps.SyncPS``, GBA's PS0) as an actor behind
-  a `Hosted` proxy of the same interface; calls are remote, references nested in arguments
-  are resolved in the actor.
+* `ray_wire.Hosted`: a value-only server the roles share (GBA's PS0) as an actor behind a
+  proxy of the same interface; calls are remote, references nested in arguments are resolved
+  in the actor. ``ray_wire.py`` also holds what travels between the actors (the real ids and
+  rows of a batch).
+* `ray_placement.RayPlacement`: the engine's `placement.Placement` under Ray, which puts each
+  of these where it lives; the engine and the algorithms never ask which placement runs.
+
+This module is the cluster: the run's Ray instance, its actors, and the watch over the
+processes whose death stops the run.
 
 Failures. A worker-group actor that dies ends the in-flight batch of each of its workers:
 `ray_workers.RayWorker.compute` raises `clock.WorkerLost`, the interpreter ends that role and counts it,
@@ -38,7 +44,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import logging
 import os
 import pathlib
@@ -49,10 +54,6 @@ import time
 import uuid
 from typing import Any
 
-import jax
-import numpy as np
-
-from algorithms.runtime import ps as ps_lib
 from algorithms.runtime import reaper
 from algorithms.runtime.reaper import MARK
 from algorithms.runtime.segments import StateLost, with_latest
@@ -410,157 +411,3 @@ def shutdown() -> None:
     """Stop every cluster this process started (the safety net of `algorithms.run`)."""
     for c in list(_CLUSTERS):
         c.stop()
-
-
-# -- references nested in arguments -----------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ShardGrads:
-    """A worker's row gradients as one object reference per PS shard (``None``: no tables)."""
-
-    refs: tuple
-
-
-def resolve(x: Any) -> Any:
-    """`x` with every object reference in it fetched (dataclasses, tuples, lists, dicts);
-    `ShardGrads` becomes the merged ``table -> gradient`` dict."""
-    ray = _ray()
-    if isinstance(x, ray.ObjectRef):
-        return ray.get(x)
-    if isinstance(x, ShardGrads):
-        out = {}
-        for part in ray.get([r for r in x.refs if r is not None]):
-            out.update(part)
-        return out
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: resolve(getattr(x, f.name))
-                                         for f in dataclasses.fields(x)})
-    if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(resolve(v) for v in x)
-    if isinstance(x, list):
-        return [resolve(v) for v in x]
-    if isinstance(x, dict):
-        return {k: resolve(v) for k, v in x.items()}
-    return x
-
-
-def host_value(x: Any) -> Any:
-    """What a call sends: object references as they are, jax arrays as numpy."""
-    if isinstance(x, _ray().ObjectRef):
-        return x
-    return jax.device_get(x)
-
-
-# -- rows as they travel between a worker actor and a shard actor ------------------------------
-# A batch's mini table has a fixed row count M (jit shapes), but only its first n rows are real
-# (n unique ids; on dlrm_kaggle batches of 4096 about 22% of M). Between actors only those n
-# rows travel, each way; the receiver pads with zeros. The same update: the filler rows are never
-# looked up, and a shard writes back only the first n rows (`ps.EmbeddingShard.push`); the sums
-# pushed are the sparse optimizer's own, to rounding under SGD (`ps.row_push`).
-def wire_rows(rows: dict) -> dict:
-    """A shard's `ps.Rows` as they travel to and between actors: ``name -> (real ids, M,
-    filler id)``, the n real ids without the M - n fillers (on dlrm_kaggle batches of 4096,
-    850 KB of int64 ids per step become 190 KB; every byte a call carries costs both ends CPU,
-    docs/performance.md). `unwire_rows` rebuilds the padded rows exactly."""
-    return {k: (ids[:n], ids.size, ids[n] if n < ids.size else 0) for k, (ids, n) in rows.items()}
-
-
-def unwire_rows(wire: dict) -> dict:
-    """`wire_rows` undone: ``name -> (ids padded with their filler to M, n)``."""
-    out = {}
-    for k, (real, size, fill) in wire.items():
-        ids = np.full(size, fill, real.dtype)
-        ids[:real.size] = real
-        out[k] = (ids, real.size)
-    return out
-
-
-def pack_rows(minis: dict, rows: dict) -> dict:
-    """The real rows of each mini table, ``name -> f32[n, D]`` (``rows[name] = (ids, n)``)."""
-    return {k: v[:rows[k][1]] for k, v in minis.items()}
-
-
-def unpack_rows(part: dict, rows: dict) -> dict:
-    """`pack_rows` undone: ``name -> f32[M, D]``, the rows past n zero."""
-    return {k: ps_lib.pad_rows(v, rows[k]) for k, v in part.items()}
-
-
-def unpack_sums(part: dict, rows: dict) -> dict:
-    """A push of `pack_rows` of per-row sums (``grads_rows``), padded back, as a shard's push
-    takes them (`ps.row_push`: the same update as the entries they sum, to rounding under SGD,
-    which scales each entry before adding)."""
-    return {k: ps_lib.row_push(v) for k, v in unpack_rows(part, rows).items()}
-
-
-# -- hosted servers -----------------------------------------------------------------------------
-class _Host:
-    """The actor body of `host`: an object built by `factory`, called by method name."""
-
-    def __init__(self, factory, *args):
-        self.obj = factory(*args)
-
-    def call(self, method: str, *args) -> Any:
-        """The method's result, its jax arrays as numpy: Ray pickles a jax array through
-        ``ArrayImpl.__reduce__``, on the 2-core box 6.5-7.5 ms of CPU to return dlrm_kaggle's
-        2 MB of dense params (GBA's PS0's) against 3.8-4.0 ms as numpy
-        (docs/performance.md)."""
-        return jax.device_get(getattr(self.obj, method)(*resolve(args)))
-
-    def attr(self, name: str) -> Any:
-        return getattr(self.obj, name)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-
-class Hosted:
-    """A proxy of an object living in an actor (see `host`).
-
-    Methods of `cls` become blocking remote calls; other attributes are remote reads, except
-    the ones in `local`. After a call of a method in `mutating`, `local["signal"]` (if any) is
-    notified, as the threaded server notifies its own signal after a write. A method in
-    `by_ref` (``name -> results``) is not waited for: it returns its result tuple as object
-    references (e.g. the dense params and version a worker pulls go from the PS actor to the
-    worker's actor and back to the PS without passing through the driver).
-    """
-
-    def __init__(self, handle, cls: type, local: dict | None = None, mutating=(),
-                 by_ref: dict | None = None):
-        self.__dict__.update(_handle=handle, _cls=cls, _local=local or {},
-                             _mutating=set(mutating), _by_ref=by_ref or {})
-
-    def __getattr__(self, name: str) -> Any:
-        ray = _ray()
-        if name in self._local:
-            return self._local[name]
-        if not callable(getattr(self._cls, name, None)):
-            with self._lost():
-                return ray.get(self._handle.attr.remote(name))
-
-        def method(*args):
-            args = tuple(host_value(a) if not isinstance(a, ShardGrads) and not
-                         dataclasses.is_dataclass(a) else a for a in args)
-            if name in self._by_ref:
-                out = tuple(self._handle.call.options(num_returns=self._by_ref[name]).remote(
-                    name, *args))
-            else:
-                with self._lost():
-                    out = ray.get(self._handle.call.remote(name, *args))
-            if name in self._mutating and "signal" in self._local:
-                self._local["signal"].notify()
-            return out
-
-        return method
-
-    @contextlib.contextmanager
-    def _lost(self):
-        """Its actor's death as `StateLost` (the server's state is not restarted)."""
-        try:
-            yield
-        except _ray().exceptions.ActorDiedError as e:
-            raise StateLost(f"the Ray actor of {self._cls.__name__} died, and the run's state "
-                            "held there with it (it is not restarted); the run stops without a "
-                            "new checkpoint") from e
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{self._cls.__name__} lives in a Ray actor; set {name} through "
-                             "one of its methods")

@@ -3,8 +3,8 @@
 `ShardServer` is the actor body of one shard (a `ps.EmbeddingShard` or `ps.LruShard` built in
 the actor); `ShardProxy` is the driver's handle of it (calls, snapshots, restarts after a
 death, kill injection); `RayEmbeddingPS` is `ps.EmbeddingPS`'s interface over the proxies. The
-rest of the backend: cluster and hosted servers in ``ray_backend.py``, worker groups in
-``ray_workers.py``.
+rest of the backend: the cluster in ``ray_backend.py``, what travels and the hosted servers in
+``ray_wire.py``, worker groups in ``ray_workers.py``.
 """
 
 from __future__ import annotations
@@ -18,17 +18,8 @@ import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime.ray_backend import (
-    Cluster,
-    ShardGrads,
-    _ray,
-    pack_rows,
-    parse_kill,
-    sigkill,
-    unpack_sums,
-    unwire_rows,
-    wire_rows,
-)
+from algorithms.runtime.ray_backend import Cluster, _ray, parse_kill, sigkill
+from algorithms.runtime.ray_wire import ShardGrads, pack_rows, unpack_sums, unwire_rows, wire_rows
 from recjax.config import Config, RayConfig
 from recjax.embeddings import init_tables, make_sparse_optimizer
 from recjax.embeddings.dynamic import LruStore

@@ -3,8 +3,8 @@
 `ComputeServer` is the actor body of a worker group (single-process JAX: the run's gradient
 functions rebuilt from the config); `Groups` creates them on first use; `RayWorker` is
 `worker.Worker` over one (one call per step, the actor pulling from and pushing to the shard
-actors itself); `RemoteFn` runs a jitted function there (Persia's NN workers). The cluster,
-the wire format of rows and the hosted servers are in ``ray_backend.py``; the PS shards in
+actors itself); `RemoteFn` runs a jitted function there (Persia's NN workers). The cluster
+is in ``ray_backend.py``, the wire format of rows in ``ray_wire.py``, the PS shards in
 ``ray_ps.py``.
 """
 
@@ -19,13 +19,11 @@ from typing import Any
 import jax
 
 from algorithms.runtime.clock import WorkerLost
-from algorithms.runtime.ray_backend import (
+from algorithms.runtime.ray_backend import _ray, parse_kill, sigkill
+from algorithms.runtime.ray_wire import (
     ShardGrads,
-    _ray,
     host_value,
     pack_rows,
-    parse_kill,
-    sigkill,
     unpack_rows,
     unwire_rows,
     wire_rows,
