@@ -242,10 +242,43 @@ class DilocoStrategy:
     # -- placement: theta and the outer state replicated, the replicas split on AXIS --
     SPECS = DilocoState(P(), P(), P(), P(), P(AXIS), P(), ())
 
-    def prepare(self, state: TrainState) -> DilocoState:
+    def extra(self, state: DilocoState) -> dict | None:
+        """What a checkpoint needs beside theta for a bitwise resume, at an outer step (the
+        replicas then hold theta): the outer optimizer's state and every replica's own inner
+        optimizer state and sparse slots. None inside a round (the checkpoint is theta at the
+        round's start, whose inner states are gone: the resumed run replays the round)."""
+        host = arrays.fetch((state.step, state.round_start))
+        if int(host[0]) != int(host[1]):
+            return None
+        return jax.device_get({"outer_opt_state": state.outer_opt_state,
+                               "inner_opt_state": state.inner.opt_state,
+                               "inner_slots": state.inner.slots})
+
+    def extra_like(self, state: TrainState) -> dict:
+        """`extra`'s structure for this run (k replicas) from a single-device state."""
+        theta = (state.params, state.tables)
+        stack = lambda x: np.zeros((self.k, *np.shape(x)), np.asarray(x).dtype)  # noqa: E731
+        return {"outer_opt_state": jax.tree.map(
+                    lambda s: np.zeros(s.shape, s.dtype),
+                    jax.eval_shape(self.outer_tx.init, theta)),
+                "inner_opt_state": jax.tree.map(stack, state.opt_state),
+                "inner_slots": jax.tree.map(stack, state.slots)}
+
+    def prepare(self, state: TrainState, extra: dict | None = None) -> DilocoState:
         """`init` of the (fresh or restored) single-device state, built on the host and placed:
-        no device holds more than its own replicas."""
+        no device holds more than its own replicas; `extra` (`extra`, from the checkpoint) gives
+        back the outer state and each replica's own inner state."""
         host = arrays.fetch(state)
+        if extra is not None:
+            theta = (host.params, host.tables)
+            inner = jax.tree.map(lambda x: np.broadcast_to(x, (self.k, *np.shape(x))), host)
+            inner = inner._replace(opt_state=extra["inner_opt_state"], slots=extra["inner_slots"])
+            start = DilocoState(host.step, host.params, host.tables, extra["outer_opt_state"],
+                                inner, host.step)
+            placed = arrays.put_tree(start, self.mesh, self.SPECS)
+            self._step = int(host.step)
+            self._build(placed)
+            return placed
         if int(host.step) > 0 and self._lossy(host):
             print(f"note: --algo diloco starts from step {int(host.step)}'s checkpoint: theta and "
                   "the replicas' mean inner optimizer state; the outer momentum and each "

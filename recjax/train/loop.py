@@ -10,6 +10,7 @@ XLA:CPU's deterministic kernels this makes resumed runs bitwise equal to uninter
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -58,6 +59,24 @@ class Strategy(Protocol):
     def summary(self) -> dict:
         """The algorithm's own counters for summary.json (e.g. comm_bytes_per_step)."""
         ...
+
+    # Optional: a strategy whose state holds more than the single-device layout (DiLoCo's
+    # replicas and outer momentum) defines ``extra(state) -> pytree | None`` (arrays checkpointed
+    # beside `unshard`'s, `recjax.checkpoint.Checkpointer.save`), ``extra_like(state) -> pytree``
+    # (their structure for a `TrainState` of this run) and takes them back in
+    # ``prepare(state, extra)`` (None: a checkpoint without them, e.g. another algorithm's).
+
+
+def restore_extra(strategy, ckpt, state: TrainState):
+    """The strategy's own arrays saved with the checkpoint `state` was restored from, or None
+    (no such strategy, a fresh run, a checkpoint without them, or of another shape)."""
+    if ckpt is None or int(state.step) == 0 or not hasattr(strategy, "extra"):
+        return None
+    try:
+        return ckpt.restore_extra(int(state.step), strategy.extra_like(state))
+    except ValueError as e:  # e.g. another number of replicas: the strategy starts them afresh
+        print(f"note: {e}; {strategy.name} starts its own state afresh", file=sys.stderr)
+        return None
 
 
 class SingleDevice:
@@ -122,8 +141,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     ckpt, state, progress = contract.open_run(cfg, state, checkpoints)
     start_step = int(state.step)
     strategy = (make_strategy or (lambda c, *a: SingleDevice(*a)))(cfg, model, tx, sparse_opt)
-    state = strategy.prepare(state)
+    if hasattr(strategy, "extra"):  # a strategy with state of its own (see `Strategy`)
+        state = strategy.prepare(state, restore_extra(strategy, ckpt, state))
+    else:
+        state = strategy.prepare(state)
     step_fn, predict = strategy.train_step, strategy.predict
+    extra = getattr(strategy, "extra", lambda state: None)
 
     writer = MetricsWriter(tc.out, tc.tensorboard, append=tc.resume)
     stop_at = min(total_steps, tc.stop_after) if tc.stop_after else total_steps
@@ -144,7 +167,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         progress.train_seconds = train_seconds_before + (t - t_first - paused if t_first else 0.0)
         progress.timed_steps = timed_before + (at - first_step if t_first else 0)
         progress.early_stop = stopper.state() if stopper is not None else None
-        contract.save(ckpt, cfg, strategy.unshard(state), progress, t - t0)
+        contract.save(ckpt, cfg, strategy.unshard(state), progress, t - t0, extra(state))
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
