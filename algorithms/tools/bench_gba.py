@@ -42,14 +42,14 @@ def bench_config(mode: str, clock: str, quick: bool, seed: int = 0):
 
 def bench_gba(repeats: int = 5, quick: bool = False) -> list[dict]:
     """One row per (clock, mode): median global QPS, its median ratios to Sync and Async."""
-    from algorithms import gba
+    import algorithms
 
     rows = []
     for clock in ("threads", "virtual"):
         runs: dict[str, list[dict]] = {m: [] for m in MODES}
         for r in range(repeats):
             for mode in MODES:
-                s = gba.run(bench_config(mode, clock, quick, seed=r))
+                s = algorithms.run(bench_config(mode, clock, quick, seed=r))
                 runs[mode].append({"qps": s["global_qps"], "dropped": s["dropped_gradients"],
                                    "staleness": s["dense_staleness"]["mean"]})
         for mode, xs in runs.items():

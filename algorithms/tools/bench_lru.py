@@ -44,12 +44,12 @@ def bench_config(store: str, quick: bool, seed: int = 0, capacity: int = 128):
 
 def bench_lru(repeats: int = 5, quick: bool = False) -> list[dict]:
     """Rows for fixed and lru: median examples/sec, lru's ratio to fixed, LRU counters."""
-    from algorithms import async_ps
+    import algorithms
 
     runs: dict[str, list[dict]] = {"fixed": [], "lru": []}
     for r in range(repeats):
         for store in runs:
-            s = async_ps.run(bench_config(store, quick, seed=r))
+            s = algorithms.run(bench_config(store, quick, seed=r))
             runs[store].append({"examples_per_sec": s["segment_examples_per_sec"],
                                 "lru": s.get("lru", {}).get("total")})
     base = [x["examples_per_sec"] for x in runs["fixed"]]

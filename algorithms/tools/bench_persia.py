@@ -15,10 +15,12 @@ give the median examples/s and the median of the per-repeat ratios hybrid/sync a
 hybrid/async (the paper, Sec. 6.3: hybrid much faster than sync, async 1.2x hybrid at most).
 `bench_persia(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
 
-It also times each jitted piece and host step of one global step on its own (`per_call_costs`,
-main thread, no contention) and reports every run's ``dense_allreduce_seconds`` (threads: wall
-an NN worker spent in the all-reduce, barrier wait included) and the process CPU time during the
-roles (``cpu_cores_busy`` = CPU seconds / wall seconds: 2.0 is both cores saturated).
+Each run goes through `algorithms.run` (its checks, and no Ray process outliving it). It also
+times each jitted piece and host step of one global step on its own (`per_call_costs`, main
+thread, no contention: pieces of one role, no training run, so built directly) and reports every
+run's ``dense_allreduce_seconds`` (threads: wall an NN worker spent in the all-reduce, barrier
+wait included) and the process CPU time during the roles (``cpu_cores_busy`` = CPU seconds /
+wall seconds: 2.0 is both cores saturated).
 """
 
 from __future__ import annotations
@@ -53,29 +55,21 @@ def bench_config(mode: str, clock: str, steps: int, seed: int = 0, stragglers: s
 
 def timed_run(cfg) -> dict:
     """One Persia run; the numbers kept, with the process CPU time spent while the roles ran."""
-    from algorithms import persia
+    import algorithms
+    from algorithms.tools import roles
 
-    p = persia.Persia(cfg)
-    execute, cpu = p.rt.execute, {}
-
-    def measured(*a, **k):  # CPU seconds of every thread of the process during the roles
-        c0 = time.process_time()
-        try:
-            return execute(*a, **k)
-        finally:
-            cpu["s"] = time.process_time() - c0
-
-    p.rt.execute = measured
-    s = p.run()
+    with roles.timed() as run:
+        s = algorithms.run(cfg)
     return {"examples_per_sec": s["examples_per_sec"], "seconds": s["segment_seconds"],
-            "cpu_cores_busy": cpu["s"] / s["segment_seconds"] if not cfg.train.deterministic
+            "cpu_cores_busy": run["cpu_seconds"] / s["segment_seconds"] if not cfg.train.deterministic
             else None, "dense_allreduce_seconds": s["dense_allreduce_seconds"],
             "embedding_staleness_mean": s["embedding_staleness"]["mean"],
             "embedding_staleness_max": s["embedding_staleness"]["max"], "eval_auc": s["eval_auc"]}
 
 
 def per_call_costs(calls: int = 30) -> dict[str, float]:
-    """Median seconds of each piece of one global step, called alone in the main thread."""
+    """Median seconds of each piece of one global step, called alone in the main thread (the
+    pieces of a `persia.Persia` built directly: no training run, so not `algorithms.run`)."""
     import jax
     import jax.numpy as jnp
     import numpy as np

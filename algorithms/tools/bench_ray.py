@@ -2,8 +2,11 @@
 
     python scripts/bench_ray.py [--repeats 5] [--quick] [--json FILE]
 
-The measurements, in one process and on one local Ray instance (started once; its start and
-each run's actor start and compile are outside the timed part, which is the roles' run):
+The measurements, in one process. Each training run goes through `algorithms.run` (its
+checks, and no Ray process outliving the run): a Ray run starts a local Ray instance and stops
+it after, and the instance's start, the actors' start and compile are outside the timed part,
+which is the roles' run. Measurements 3 and 6's floor time one role's calls in isolation, no
+training run, on an instance of their own:
 
 1. ``processes``: async PS (Downpour) with 2 workers on DLRM-shaped batches (the dlrm_kaggle
    model: MLPerf MLPs 13-512-256-64 / 512-256-1, 26 tables, D = 16; B = --batch-size,
@@ -52,6 +55,7 @@ import time
 import numpy as np
 import psutil
 
+from algorithms.tools import roles
 from recjax import configs, registry
 from recjax.concurrency import ThreadGroup
 from recjax.config import RayConfig
@@ -100,7 +104,9 @@ def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0):
 
 @contextlib.contextmanager
 def _local_ray():
-    """One local Ray instance for every run inside (each run joins it), stopped after."""
+    """A local Ray instance for the actors started inside (`bench_floor`), stopped after.
+    (A training run cannot share it: `algorithms.run` stops every instance this process
+    started when the run ends.)"""
     from algorithms.runtime import ray_backend
 
     cluster = ray_backend.Cluster(RayConfig())
@@ -120,10 +126,10 @@ def _versus(runs: dict[str, list[float]]) -> dict:
 
 
 def _eps(cfg) -> float:
-    from algorithms import RUNNERS
+    import algorithms
 
     t = time.perf_counter()
-    eps = RUNNERS[cfg.train.algo](cfg)["segment_examples_per_sec"]
+    eps = algorithms.run(cfg)["segment_examples_per_sec"]
     rt = cfg.runtime
     print(f"  {cfg.train.algo} {rt.backend} workers={rt.trainers} B={cfg.train.batch_size} "
           f"steps={cfg.train.steps} {rt.stragglers}: {eps:,.0f} ex/s "
@@ -200,7 +206,10 @@ def bench_algos(algos: list[str], repeats: int, steps: int, batch: int) -> dict:
 
 
 def bench_call(batch: int, n: int = 50) -> dict:
-    """One pull and one push through a shard actor vs the same shard in this process."""
+    """One pull and one push through a shard actor vs the same shard in this process.
+
+    One PS shard's calls in isolation, no training run: the engine's `Runtime` is built
+    directly (not through `algorithms.run`), its Ray instance started and stopped with it."""
     import jax
 
     from algorithms.runtime import ray_backend
@@ -279,15 +288,14 @@ def _window(samples: list, lo: float, hi: float) -> float:
 
 def _run_cpu(cfg) -> dict:
     """One run's examples/sec, busy cores and CPU ms per worker step over the middle half of its
-    timed part (its roles' run: `segment_seconds` before the run's end, less the final
-    eval's few hundred ms, which the window's last quarter absorbs)."""
-    from algorithms import RUNNERS
+    timed part (its roles' run: the `segment_seconds` before the roles ended; what follows, the
+    final eval and under Ray the instance's stop, is outside)."""
+    import algorithms
 
-    with _busy_samples() as samples:
-        out = RUNNERS[cfg.train.algo](cfg)
-        end = time.perf_counter()
-    d, eps = out["segment_seconds"], out["segment_examples_per_sec"]
-    cores = _window(samples, end - 0.8 * d, end - 0.3 * d)
+    with _busy_samples() as samples, roles.timed() as run:
+        out = algorithms.run(cfg)
+    d, eps, end = out["segment_seconds"], out["segment_examples_per_sec"], run["end"]
+    cores = _window(samples, end - 0.75 * d, end - 0.25 * d)
     return {"examples_per_sec": eps, "busy_cores": cores,
             "cpu_ms_per_step": cores / (eps / cfg.train.batch_size) * 1e3}
 
@@ -329,7 +337,9 @@ def bench_floor(steps: int, batch: int) -> dict:
     CPU ms per worker step over the middle half of `steps` steps; the messages as a Ray
     async-PS step sends them (`RayWorker.compute`, `ComputeServer.step`), built from a real
     batch of the config: its localized batch, the real ids per shard (`wire_rows`), their
-    rows (`pack_rows`), the dense params as numpy."""
+    rows (`pack_rows`), the dense params as numpy. No training run (a threaded `Runtime`
+    only builds the messages), so not through `algorithms.run`: the actors run on an
+    instance of their own (`_local_ray`)."""
     import jax
     import ray
 
@@ -346,34 +356,35 @@ def bench_floor(steps: int, batch: int) -> dict:
         names = [[k for k, s in rt.placement.items() if s == i] for i in range(len(rt.ps.shards))]
     finally:
         rt.close()
-    shards = [ray.remote(_FloorShard).options(max_concurrency=cfg.ray.ps_concurrency).remote(
-        {k: real[k].shape for k in ns}) for ns in names if ns]
-    wires = [ray_backend.wire_rows({k: rows[k] for k in ns}) for ns in names if ns]
-    workers = [ray.remote(_FloorWorker).remote(params) for _ in range(2)]
-    direct = list(zip(shards, wires))
+    with _local_ray():
+        shards = [ray.remote(_FloorShard).options(max_concurrency=cfg.ray.ps_concurrency).remote(
+            {k: real[k].shape for k in ns}) for ns in names if ns]
+        wires = [ray_backend.wire_rows({k: rows[k] for k in ns}) for ns in names if ns]
+        workers = [ray.remote(_FloorWorker).remote(params) for _ in range(2)]
+        direct = list(zip(shards, wires))
 
-    def call(w):
-        return w.step.remote(params, local, direct)
+        def call(w):
+            return w.step.remote(params, local, direct)
 
-    try:
-        ray.get([call(w) for w in workers])  # start-up
-        done, t = 0, {}
-        with _busy_samples(0.05) as samples:
-            pending = {call(w): w for w in workers}  # each worker's step in flight, as 2 roles
-            while done < steps:
-                [ref], _ = ray.wait(list(pending))
-                w = pending.pop(ref)
-                ray.get(ref)
-                done += 1
-                t[done] = time.perf_counter()
-                pending[call(w)] = w
-            ray.get(list(pending))
-        lo, hi = t[steps // 4], t[3 * steps // 4]
-        cores = _window(samples, lo, hi)
-        per_step = (hi - lo) / (3 * steps // 4 - steps // 4)
-    finally:
-        for a in shards + workers:
-            ray.kill(a)
+        try:
+            ray.get([call(w) for w in workers])  # start-up
+            done, t = 0, {}
+            with _busy_samples(0.05) as samples:
+                pending = {call(w): w for w in workers}  # each worker's step in flight, as 2 roles
+                while done < steps:
+                    [ref], _ = ray.wait(list(pending))
+                    w = pending.pop(ref)
+                    ray.get(ref)
+                    done += 1
+                    t[done] = time.perf_counter()
+                    pending[call(w)] = w
+                ray.get(list(pending))
+            lo, hi = t[steps // 4], t[3 * steps // 4]
+            cores = _window(samples, lo, hi)
+            per_step = (hi - lo) / (3 * steps // 4 - steps // 4)
+        finally:
+            for a in shards + workers:
+                ray.kill(a)
     return {"busy_cores": cores, "cpu_ms_per_step": cores * per_step * 1e3,
             "steps_per_sec": 1.0 / per_step}
 
@@ -402,11 +413,9 @@ def bench_cpu(repeats: int, steps: int, batch: int) -> dict:
 
 def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[dict]:
     """Measurements 1-3; measurement 1 at B = `batch`, 200 steps (``quick``: B = 1024, 30)."""
-    with _local_ray():
-        return [bench_call(512),
-                bench_processes(repeats, 30, 1024) if quick
-                else bench_processes(repeats, 200, batch),
-                bench_scaling(repeats, 40 if quick else 100, 512, SCALING_FACTOR)]
+    return [bench_call(512),
+            bench_processes(repeats, 30, 1024) if quick else bench_processes(repeats, 200, batch),
+            bench_scaling(repeats, 40 if quick else 100, 512, SCALING_FACTOR)]
 
 
 def main(argv=None) -> int:
@@ -428,15 +437,12 @@ def main(argv=None) -> int:
         algos = [x.strip() for x in a.algos.split(",") if x.strip()]
         if unknown := sorted(set(algos) - set(ALGOS)):
             p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
-        with _local_ray():
-            rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
+        rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
     elif a.cpu:
-        with _local_ray():
-            rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
+        rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.real:
-        with _local_ray():
-            rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
-                               a.batch_size, a.ps_shards)]
+        rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
+                           a.batch_size, a.ps_shards)]
     else:
         rows = bench_ray(a.repeats, a.quick, a.batch_size)
     for r in rows:

@@ -45,12 +45,12 @@ def bench_config(algo: str, sync: str, quick: bool, seed: int = 0):
 
 def bench_runtime(repeats: int = 5, quick: bool = False) -> list[dict]:
     """One row per variant: median examples/sec, its ratio to no-sync, and every repeat."""
-    from algorithms import shadowsync
+    import algorithms
 
     runs: dict[str, list[dict]] = {k: [] for k in VARIANTS}
     for r in range(repeats):
         for name, (algo, sync) in VARIANTS.items():
-            s = shadowsync.run(bench_config(algo, sync, quick, seed=r))
+            s = algorithms.run(bench_config(algo, sync, quick, seed=r))
             runs[name].append({"examples_per_sec": s["examples_per_sec"],
                                "avg_sync_gap": s["avg_sync_gap"],
                                "syncs_per_sec": s["syncs_per_sec"]})
