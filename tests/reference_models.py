@@ -208,8 +208,78 @@ def _dcn(p, acts, dense, **_):
     return logits, backward
 
 
+def _dcn_v2(p, acts, dense, **_):
+    """DCN-v2 (Wang et al. 2021), full-rank (Eq. 1) or low-rank cross layers, one expert,
+    stacked or parallel (told apart by the out layer's width); the mixture's backward is not
+    written here (tests/test_models_dcn_v2.py checks its forward)."""
+    if "cross_c" in p:
+        raise NotImplementedError("the DCN-v2 mixture has a forward reference only")
+    emb = acts["emb"]
+    x0 = _flatten(emb, dense)
+    k = x0.shape[1]
+    b = p["cross_b"]
+    full = "cross_w" in p
+    x, cache = x0, []
+    for layer in range(b.shape[0]):  # x_{l+1} = x0 * (W_l x_l + b_l) + x_l, W = U V^T (low rank)
+        if full:
+            t = None
+            z = x @ p["cross_w"][layer].T + b[layer]
+        else:
+            t = x @ p["cross_v"][layer, 0]
+            z = t @ p["cross_u"][layer, 0].T + b[layer]
+        cache.append((x, t, z))
+        x = x0 * z + x
+    deep = "deep" in p
+    parallel = p["out"]["kernel"].shape[0] != (
+        p["deep"][f"layer_{len(p['deep']) - 1}"]["kernel"].shape[1] if deep else k)
+    if deep:
+        h, deep_bwd = _mlp(p["deep"], x0 if parallel else x, last_linear=False)
+        top = np.concatenate([x, h], axis=1) if parallel else h
+    else:
+        top = x
+    logits = (top @ p["out"]["kernel"] + p["out"]["bias"])[:, 0]
+
+    def backward(d):
+        g = {"out": {"kernel": top.T @ d[:, None], "bias": d.sum(keepdims=True)}}
+        d_top = d[:, None] * p["out"]["kernel"][:, 0]
+        dx0 = np.zeros_like(x0)
+        if deep and parallel:
+            g["deep"], dx0 = deep_bwd(d_top[:, k:])
+            dx = d_top[:, :k]
+        elif deep:
+            g["deep"], dx = deep_bwd(d_top)
+        else:
+            dx = d_top
+        gb = np.zeros_like(b)
+        gw = np.zeros_like(p["cross_w"]) if full else None
+        gu = None if full else np.zeros_like(p["cross_u"])
+        gv = None if full else np.zeros_like(p["cross_v"])
+        for layer in reversed(range(b.shape[0])):
+            x_l, t, z = cache[layer]
+            dx0 = dx0 + dx * z
+            dz = dx * x0
+            gb[layer] = dz.sum(0)
+            if full:
+                gw[layer] = dz.T @ x_l
+                dx = dx + dz @ p["cross_w"][layer]
+            else:
+                gu[layer, 0] = dz.T @ t
+                dt = dz @ p["cross_u"][layer, 0]
+                gv[layer, 0] = x_l.T @ dt
+                dx = dx + dt @ p["cross_v"][layer, 0].T
+        dx0 = dx0 + dx  # x_0 of the cross network is x0 itself
+        g["cross_b"] = gb
+        if full:
+            g["cross_w"] = gw
+        else:
+            g["cross_u"], g["cross_v"] = gu, gv
+        return g, {"emb": dx0[:, : emb[0].size].reshape(emb.shape)}
+
+    return logits, backward
+
+
 _FORWARD = {"lr": _lr, "fm": _fm, "wide_deep": _wide_deep, "deepfm": _deepfm, "dlrm": _dlrm,
-            "dcn": _dcn}
+            "dcn": _dcn, "dcn_v2": _dcn_v2}
 
 
 def bce(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
@@ -224,7 +294,7 @@ def reference(model_name: str, params: Tree, acts: dict, dense, labels, *,
     """Loss, logits and gradients of ``bce_loss(model(params, acts, dense), labels)``.
 
     Args:
-      model_name: one of ``lr, fm, wide_deep, deepfm, dlrm, dcn``.
+      model_name: one of ``lr, fm, wide_deep, deepfm, dlrm, dcn, dcn_v2``.
       params: the Flax parameter tree (``variables["params"]`` or ``{"params": ...}``).
       acts: activation groups, ``{"emb": [B, F, D], "wide": [B, F, 1]}`` (those the model reads;
         any other group gets a zero gradient).

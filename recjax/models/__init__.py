@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from recjax.features import FeatureSpec
 from recjax.models.config import MODEL_NAMES, ModelConfig
 from recjax.models.dcn import DCN
+from recjax.models.dcn_v2 import DCNv2
 from recjax.models.deepfm import DeepFM
 from recjax.models.dlrm import DLRM
 from recjax.models.fm import FM
@@ -36,11 +37,12 @@ MODELS: dict[str, type[nn.Module]] = {
     "deepfm": DeepFM,
     "dlrm": DLRM,
     "dcn": DCN,
+    "dcn_v2": DCNv2,
 }
 assert tuple(MODELS) == MODEL_NAMES, "MODELS and config.MODEL_NAMES must list the same models"
 
 __all__ = ["MODELS", "ModelConfig", "bce_loss", "build_model", "dummy_inputs",
-           "embedding_groups", "DCN", "DLRM", "DeepFM", "FM", "LR", "WideDeep"]
+           "embedding_groups", "DCN", "DCNv2", "DLRM", "DeepFM", "FM", "LR", "WideDeep"]
 
 
 def build_model(cfg: ModelConfig, spec: FeatureSpec) -> nn.Module:
@@ -60,7 +62,7 @@ def embedding_groups(cfg: ModelConfig) -> dict[str, int]:
     """Activation groups the model reads, with their embedding dim.
 
     ``lr -> {"wide": 1}``; ``fm, wide_deep, deepfm -> {"wide": 1, "emb": D}``;
-    ``dlrm, dcn -> {"emb": D}``. The embedding side builds one table set per group.
+    ``dlrm, dcn, dcn_v2 -> {"emb": D}``. The embedding side builds one table set per group.
     """
     return {g: 1 if g == "wide" else cfg.embed_dim for g in MODELS[cfg.name].GROUPS}
 

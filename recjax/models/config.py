@@ -13,7 +13,7 @@ from typing import Literal
 from recjax.config_fields import check_choices
 
 # The model names `--model` accepts; `recjax.models.MODELS` maps each to its module class.
-MODEL_NAMES = ("lr", "fm", "wide_deep", "deepfm", "dlrm", "dcn")
+MODEL_NAMES = ("lr", "fm", "wide_deep", "deepfm", "dlrm", "dcn", "dcn_v2")
 
 
 def _layer_sizes(field: str, value) -> tuple[int, ...]:
@@ -29,13 +29,20 @@ class ModelConfig:
     """Which model to build and the sizes of its dense layers.
 
     Attributes:
-      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn``.
+      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn | dcn_v2``.
       embed_dim: D, the width of every field's embedding (group ``"emb"``).
       bottom_mlp: DLRM hidden widths over the dense features; the bottom MLP is
         ``bottom_mlp + (embed_dim,)`` so its output can join the dot interaction.
       top_mlp: DLRM hidden widths after the interaction; a final 1-unit linear layer is added.
       deep_mlp: hidden widths of the deep tower of Wide&Deep, DeepFM and DCN.
-      cross_layers: number of DCN cross layers (0 leaves x0 unchanged: a deep + linear model).
+      cross_layers: number of DCN / DCN-v2 cross layers (0 leaves x0 unchanged: a deep +
+        linear model).
+      cross_rank: DCN-v2: 0 = full-rank cross matrices W_l (K x K, Eq. 1); r > 0 = low rank
+        U_l V_l^T (K x r each; Sec. 5.1), K = fields x embed_dim + dense features.
+      cross_experts: DCN-v2: low-rank experts per cross layer mixed by a softmax gate (Eq. 4-5;
+        > 1 needs cross_rank > 0); 1 = no mixture.
+      cross_structure: DCN-v2: stacked (the deep tower reads the cross network's output) |
+        parallel (both read x0, their outputs concatenated; DCN-v1's layout). Sec. 3.
       interaction_self: DLRM only: also include the i == j dot products (N(N+1)/2 pairs instead
         of the strictly upper N(N-1)/2).
       dropout: dropout rate p in [0, 1) after every hidden MLP layer (FuxiCTR's ``net_dropout``);
@@ -57,6 +64,9 @@ class ModelConfig:
     top_mlp: tuple[int, ...] = (512, 256)  # DLRM top hidden widths; + a 1-unit output layer
     deep_mlp: tuple[int, ...] = (400, 400)  # deep tower of wide_deep / deepfm / dcn
     cross_layers: int = 3  # DCN: number of cross layers
+    cross_rank: int = 0  # DCN-v2: 0 = full-rank cross matrices, r = low rank
+    cross_experts: int = 1  # DCN-v2: low-rank experts per cross layer (mixture if > 1)
+    cross_structure: Literal["stacked", "parallel"] = "stacked"  # DCN-v2: cross then deep, or both
     interaction_self: bool = False  # DLRM: include the i == j pairs in the dot interaction
     dropout: float = 0.0  # dropout rate after every hidden MLP layer (0 = off)
     batch_norm: bool = False  # batch norm after every hidden MLP layer's Dense
@@ -71,6 +81,13 @@ class ModelConfig:
             object.__setattr__(self, field, _layer_sizes(field, getattr(self, field)))
         if self.cross_layers < 0:
             raise ValueError(f"model.cross_layers must be >= 0, got {self.cross_layers}")
+        if self.cross_rank < 0:
+            raise ValueError(f"model.cross_rank must be >= 0 (0 = full rank), got "
+                             f"{self.cross_rank}")
+        if self.cross_experts < 1 or (self.cross_experts > 1 and not self.cross_rank):
+            raise ValueError(f"model.cross_experts must be >= 1, and > 1 (a mixture of low-rank "
+                             f"experts) needs model.cross_rank > 0; got cross_experts="
+                             f"{self.cross_experts}, cross_rank={self.cross_rank}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1) (a rate; 0 = off), got {self.dropout}")
         if not 0.0 <= self.bn_momentum < 1.0:

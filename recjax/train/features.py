@@ -38,7 +38,7 @@ SCHEDULES = ("constant", "cosine", "linear", "step", "exponential")  # dense.lr_
 MONITORS = {"eval_auc": ("auc", 1), "eval_ne": ("ne", -1), "eval_logloss": ("logloss", -1)}
 MONITOR_NAMES = tuple(MONITORS)  # train.monitor
 
-DIMS_MODELS = ("wide_deep", "dcn")  # read the embeddings through a deep tower only
+DIMS_MODELS = ("wide_deep", "dcn", "dcn_v2")  # zero padding is a narrower field to them
 
 
 def check_schedule(dense) -> None:
@@ -115,7 +115,7 @@ def check_features(cfg) -> None:
     registry.check(cfg)  # the settings the algorithm cannot honour (dropout, early stop, ...)
     if (m.dropout or m.batch_norm) and m.name in ("lr", "fm"):
         raise ValueError(f"model.dropout / model.batch_norm act on MLP layers and model "
-                         f"{m.name!r} has none; use wide_deep, deepfm, dlrm or dcn, or drop "
+                         f"{m.name!r} has none; use wide_deep, deepfm, dlrm, dcn or dcn_v2, or drop "
                          "those flags")
     tc = cfg.train
     if (tc.early_stop_patience or tc.keep_best) and not tc.eval_every:
