@@ -4,8 +4,12 @@ A `SparseOptimizer` updates only the rows a batch touched. Its state ("slots") l
 rows: arrays with the table's leading dimension, so sharding a table shards its slots the same
 way. Each optimizer takes the (ids, per-entry gradients) of `tables.row_gradients`:
 
-* SGD scatter-adds every entry directly: duplicates accumulate exactly, and no sort is needed
-  (PERF_NOTES pitfall 2: deduplicating first is slower on CPU).
+* SGD scatter-adds every entry directly, so no sort is needed (PERF_NOTES pitfall 2:
+  deduplicating first is slower on CPU). Duplicates are *not* summed exactly: each entry's
+  ``-lr * g`` is added into the float32 row on its own, and each addition rounds to the row's
+  magnitude, so an id repeated n times in a batch carries up to ~n half-ulps of the row (summing
+  the entries first, as the optimizers below do, rounds small numbers against each other
+  instead). It matters only for ids repeated hundreds of times in one batch.
 * Adagrad, row-wise Adagrad, Adam and FTRL are non-linear in the row gradient, so they first
   merge duplicate ids into one exact per-row sum (`coalesce`), then update each touched row once,
   exactly as a dense optimizer would on the dense gradient restricted to those rows.
@@ -112,7 +116,10 @@ def sgd(cfg: SparseOptimConfig) -> SparseOptimizer:
 
 
 def adagrad(cfg: SparseOptimConfig) -> SparseOptimizer:
-    """Per-coordinate Adagrad (Duchi et al. 2011): ``a += G^2; w -= lr * G / (sqrt(a) + eps)``."""
+    """Per-coordinate Adagrad (Duchi et al. 2011): ``a += G^2; w -= lr * G / (sqrt(a) + eps)``,
+    ``a`` starting at ``initial_accumulator`` (default 0). The dense Adagrad (``--dense.name
+    adagrad``) is optax's, which differs in both: its accumulator starts at 0.1 and its eps is
+    inside the root, ``G / sqrt(a + eps)``; the two are not meant to agree."""
 
     def init(table):
         return jnp.full_like(table, cfg.initial_accumulator)
