@@ -212,7 +212,7 @@ def bench_call(batch: int, n: int = 50) -> dict:
     directly (not through `algorithms.run`), its Ray instance started and stopped with it."""
     import jax
 
-    from algorithms.runtime import ray_backend
+    from algorithms.runtime import ray_wire
     from algorithms.runtime.engine import Runtime
 
     def med(f) -> float:
@@ -241,8 +241,8 @@ def bench_call(batch: int, n: int = 50) -> dict:
             out["push_bytes"] = int(sum(i.nbytes + g.nbytes for i, g in rg.values())
                                     + sum(ids.nbytes for ids, _ in rows.values()))
             # a worker actor's own pull and push carry the batch's real ids and rows only
-            ids_bytes = sum(real.nbytes for real, _, _ in ray_backend.wire_rows(rows).values())
-            real = ray_backend.pack_rows(minis, rows)
+            ids_bytes = sum(real.nbytes for real, _, _ in ray_wire.wire_rows(rows).values())
+            real = ray_wire.pack_rows(minis, rows)
             out["worker_actor_pull_bytes"] = int(sum(v.nbytes for v in real.values()) + ids_bytes)
             out["worker_actor_push_bytes"] = out["worker_actor_pull_bytes"]
         finally:
@@ -343,7 +343,7 @@ def bench_floor(steps: int, batch: int) -> dict:
     import jax
     import ray
 
-    from algorithms.runtime import ray_backend
+    from algorithms.runtime import ray_wire
     from algorithms.runtime.engine import Runtime
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors' classes
@@ -351,7 +351,7 @@ def bench_floor(steps: int, batch: int) -> dict:
     rt = Runtime(cfg, 2)
     try:
         local, rows = rt.warm_batch
-        real = ray_backend.pack_rows(rt.ps.pull(rows, admit=False), rows)
+        real = ray_wire.pack_rows(rt.ps.pull(rows, admit=False), rows)
         params = jax.device_get(rt.init_state.params)
         names = [[k for k, s in rt.placement.items() if s == i] for i in range(len(rt.ps.shards))]
     finally:
@@ -359,7 +359,7 @@ def bench_floor(steps: int, batch: int) -> dict:
     with _local_ray():
         shards = [ray.remote(_FloorShard).options(max_concurrency=cfg.ray.ps_concurrency).remote(
             {k: real[k].shape for k in ns}) for ns in names if ns]
-        wires = [ray_backend.wire_rows({k: rows[k] for k in ns}) for ns in names if ns]
+        wires = [ray_wire.wire_rows({k: rows[k] for k in ns}) for ns in names if ns]
         workers = [ray.remote(_FloorWorker).remote(params) for _ in range(2)]
         direct = list(zip(shards, wires))
 
