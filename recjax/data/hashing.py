@@ -62,23 +62,64 @@ def crc32_tokens(tokens: Sequence[bytes]) -> np.ndarray:
     return np.fromiter(map(zlib.crc32, tokens), dtype=np.uint32, count=len(tokens))
 
 
-def hash_keys(keys: np.ndarray, salt: int, buckets: int) -> np.ndarray:
+_BLOCK = 16384  # keys hashed at once by `hash_keys`: its scratch words stay in the CPU cache
+
+
+def hash_keys(keys: np.ndarray, salt: int, buckets: int, out: np.ndarray | None = None
+              ) -> np.ndarray:
     """Buckets of 32-bit keys (crc32 of tokens, or small non-negative integer ids).
+
+    ``mix64(salt << 32 | key) % buckets``, computed in cache-sized blocks with in-place
+    operations, and the remainder as ``x - (x // b) * b`` (numpy divides by a scalar with
+    libdivide, ~8x faster than its ``%``): ~2.5x faster than the plain expression, the same
+    values (the golden tests pin them). The columnar reader hashes every id this way.
 
     Args:
       keys: integer array with values in ``[0, 2**32)``.
       salt: the field's (or shared table's) index; different salts give independent buckets.
       buckets: number of buckets, ``1 <= buckets < 2**31``.
+      out: optional array of ``keys``' shape to write into (any integer dtype, strided views
+        such as ``ids[:, f, 0]`` included); a new i32 array when None.
 
     Returns:
-      i32[...] buckets in ``[0, buckets)``.
+      i32[...] buckets in ``[0, buckets)`` (``out`` when given).
     """
     if not 1 <= buckets <= _MAX_BUCKETS:
         raise ValueError(f"buckets must be in [1, 2**31 - 1], got {buckets}")
     if not 0 <= salt < 2**32:
         raise ValueError(f"salt must be in [0, 2**32), got {salt}")
-    word = np.asarray(keys).astype(np.uint64) | (np.uint64(salt) << np.uint64(32))
-    return (mix64(word) % np.uint64(buckets)).astype(np.int32)
+    keys = np.asarray(keys)
+    if out is None:
+        out = np.empty(keys.shape, np.int32)
+    elif out.shape != keys.shape:
+        raise ValueError(f"out has shape {out.shape}, keys {keys.shape}")
+    flat_keys = keys.reshape(-1)
+    flat_out = out.reshape(-1) if out.ndim != 1 else out  # a 1-D strided view stays a view
+    if not np.shares_memory(flat_out, out) and out.size:
+        raise ValueError("out must be reshapeable to 1-D without a copy")
+    high, b = np.uint64(salt) << np.uint64(32), np.uint64(buckets)
+    n = min(_BLOCK, flat_keys.size)
+    z, t = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    with np.errstate(over="ignore"):  # wrap-around modulo 2**64 is the point (see mix64)
+        for start in range(0, flat_keys.size, _BLOCK):
+            k = flat_keys[start:start + _BLOCK]
+            zv, tv = z[:k.size], t[:k.size]
+            np.copyto(zv, k, casting="unsafe")  # as astype(np.uint64)
+            np.bitwise_or(zv, high, out=zv)  # salt << 32 | key
+            np.add(zv, _GOLDEN, out=zv)  # mix64, as above, in place
+            np.right_shift(zv, np.uint64(30), out=tv)
+            np.bitwise_xor(zv, tv, out=zv)
+            np.multiply(zv, _M1, out=zv)
+            np.right_shift(zv, np.uint64(27), out=tv)
+            np.bitwise_xor(zv, tv, out=zv)
+            np.multiply(zv, _M2, out=zv)
+            np.right_shift(zv, np.uint64(31), out=tv)
+            np.bitwise_xor(zv, tv, out=zv)
+            np.floor_divide(zv, b, out=tv)  # z % b
+            np.multiply(tv, b, out=tv)
+            np.subtract(zv, tv, out=zv)
+            flat_out[start:start + k.size] = zv
+    return out
 
 
 def hash_tokens(tokens: Sequence[bytes], field_index: int, buckets: int) -> np.ndarray:
@@ -182,6 +223,22 @@ def raw_ids(tokens: Sequence[bytes], field_index: int) -> np.ndarray:
     return ids.view(np.int64)
 
 
+def add_field(ids: np.ndarray, field_index: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Raw ids of a field from its tokens' raw ids without field bits (``raw_ids(tokens, 0)``,
+    as the columnar format stores them): ``raw_ids(tokens, f) == add_field(raw_ids(tokens, 0),
+    f)``.
+
+    Args:
+      ids: i64[...] raw ids with field 0.
+      field_index: as in `raw_ids`; in ``[0, MAX_RAW_FIELDS)``.
+      out: optional array of ``ids``' shape to write into (e.g. ``ids[:, f, 0]`` of a chunk).
+    """
+    if not 0 <= field_index < MAX_RAW_FIELDS:
+        raise ValueError(f"raw ids hold {RAW_FIELD_BITS} bits of field, so field_index must be "
+                         f"in [0, {MAX_RAW_FIELDS}), got {field_index}")
+    return np.bitwise_or(ids, np.int64(field_index << _FIELD_SHIFT), out=out)
+
+
 def _decimals(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """(bool[N] token is a canonical decimal in [-2**52, 2**52), its value i64[N] or 0)."""
     try:  # fast path, a column of integers (Avazu's C14..C21): canonical iff it prints back
@@ -207,6 +264,47 @@ def unpack_raw(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             ids & _VALUE_MASK)
 
 
+class TokenCapture:
+    """The conversion mode of `CategoricalIds` (recjax/data/convert.py): tokens are kept, not
+    turned into ids, so that hashing and raw ids stay a choice of the run that reads them.
+
+    Each token that goes through `CategoricalIds.categorical_ids` is kept as its crc32 (hashed
+    ids are ``hash_keys(crc, salt, buckets)``, as `hash_tokens` computes them) and its raw id
+    without the field bits (``raw_ids(tokens, 0)``; the raw id is that OR ``salt << 56``), and
+    the reader gets back each token's 1-based index in the capture instead of an id. The reader
+    places, validates and drops lines as ever, so a chunk it yields holds, in ``ids``, the
+    indices of exactly its tokens (0 = padding), in their places. `take` hands over the tokens
+    captured since the last call, for the chunk just yielded (the readers parse no further than
+    the chunk they yield).
+
+    Attributes:
+      salts: field name -> the salt its tokens were captured with.
+    """
+
+    def __init__(self):
+        self.salts: dict[str, int] = {}
+        self._crc: list[np.ndarray] = []
+        self._raw: list[np.ndarray] = []
+        self._n = 0
+
+    def add(self, tokens: Sequence[bytes], field: str, salt: int) -> np.ndarray:
+        """i64[N] the tokens' 1-based indices in this capture."""
+        if self.salts.setdefault(field, salt) != salt:
+            raise ValueError(f"field {field!r} captured with salts {self.salts[field]} and {salt}")
+        self._crc.append(crc32_tokens(tokens))
+        self._raw.append(raw_ids(tokens, 0))
+        start, self._n = self._n, self._n + len(tokens)
+        return np.arange(start + 1, self._n + 1, dtype=np.int64)
+
+    def take(self) -> tuple[np.ndarray, np.ndarray]:
+        """(crc u32[n + 1], raw i64[n + 1]) of the tokens captured since the last call, indexed
+        by the indices `add` returned (entry 0 is padding); the capture starts again empty."""
+        crc = np.concatenate([np.zeros(1, np.uint32), *self._crc])
+        raw = np.concatenate([np.zeros(1, np.int64), *self._raw])
+        self._crc, self._raw, self._n = [], [], 0
+        return crc, raw
+
+
 class CategoricalIds:
     """Reader mixin: the ids of a categorical column, hashed buckets or (``raw_ids``) raw ids.
 
@@ -216,10 +314,13 @@ class CategoricalIds:
       raw_hashed: with raw ids, tokens of the most recent pass that had no exact form and were
         hashed (`TAG_HASHED`, the only ids that can collide), by field name. Counted before bad
         lines are dropped, like ``stats.truncated``.
+      capture: None, or a `TokenCapture` (conversion mode, which needs ``raw_ids``: the
+        indices it returns are i64).
     """
 
     hash_buckets: int
     raw_ids: bool
+    capture: TokenCapture | None = None
 
     def init_ids(self, hash_buckets: int, raw_ids: bool) -> None:
         self.hash_buckets, self.raw_ids = hash_buckets, raw_ids
@@ -234,7 +335,12 @@ class CategoricalIds:
         return np.int64 if self.raw_ids else np.int32
 
     def categorical_ids(self, tokens: Sequence[bytes], field: str, salt: int) -> np.ndarray:
-        """Ids of one field's tokens: i64 raw ids or i32 buckets in ``[0, hash_buckets)``."""
+        """Ids of one field's tokens: i64 raw ids or i32 buckets in ``[0, hash_buckets)``.
+
+        Every reader turns a field's tokens into ids here and nowhere else, which is what lets
+        the converter capture them (`TokenCapture`)."""
+        if self.capture is not None:
+            return self.capture.add(tokens, field, salt)
         if not self.raw_ids:
             return hash_tokens(tokens, salt, self.hash_buckets)
         ids = raw_ids(tokens, salt)
