@@ -39,7 +39,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
     p.add_argument("--algo", help=registry.help_line())
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
-                                  "movielens:PATH | taobao:PATH | synthetic[:NAME]")
+                                  "movielens:PATH | taobao:PATH | parquet:DIR (scripts/convert.py) | "
+                                  "synthetic[:NAME]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--steps", type=int, help="train this many steps (overrides --epochs)")

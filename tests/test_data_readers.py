@@ -194,8 +194,8 @@ def test_open_source_kinds(monkeypatch):
 
 
 def test_open_source_unknown_kind():
-    with pytest.raises(ValueError, match=r"unknown data kind 'parquet'.*known kinds: .*criteo"):
-        open_source("parquet:x.parquet")
+    with pytest.raises(ValueError, match=r"unknown data kind 'tfrecord'.*known kinds: .*criteo"):
+        open_source("tfrecord:x.tfrecord")
 
 
 def test_open_source_registry_hook(monkeypatch):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from recjax.data import arrays
 from recjax.data.avazu import AvazuSource
 from recjax.data.base import DataError, DataSource
+from recjax.data.columnar import ParquetSource
 from recjax.data.criteo import CriteoCSVSource, CriteoSource
 from recjax.data.libfm import FrappeSource
 from recjax.data.movielens import MovieLensSource
@@ -94,6 +95,10 @@ def _file_kind(make: Callable[..., DataSource], *options: str) -> SourceFactory:
     return factory
 
 
+def _no_path(name: str):
+    raise ValueError(f"data spec {name!r} has no path; write KIND:PATH")
+
+
 SOURCES: dict[str, SourceFactory] = {
     "criteo": _file_kind(CriteoSource, "hash_buckets", "raw_ids"),
     "criteo-csv": _file_kind(CriteoCSVSource, "hash_buckets", "raw_ids"),
@@ -101,6 +106,11 @@ SOURCES: dict[str, SourceFactory] = {
     "frappe": _file_kind(FrappeSource, "raw_ids"),
     "movielens": _file_kind(MovieLensSource, "raw_ids"),
     "taobao": _file_kind(TaobaoSource, "hash_buckets", "multi_hot_len", "raw_ids"),
+    # a folder written by scripts/convert.py (recjax/data/columnar.py); its lines were checked
+    # when it was converted, so skip_bad_lines has nothing to do there
+    "parquet": lambda arg, name, opts: ParquetSource(
+        resolve_path(arg) if arg else _no_path(name), name=name, chunk_rows=opts.chunk_rows,
+        hash_buckets=opts.hash_buckets, raw_ids=opts.raw_ids, multi_hot_len=opts.multi_hot_len),
     # numpy arrays registered in this process (recjax/data/arrays.py; recjax.train does it)
     "arrays": lambda arg, name, opts: arrays.lookup(arg, raw_ids=opts.raw_ids),
 }
@@ -112,7 +122,8 @@ def open_source(spec: str, *, hash_buckets: int = 1 << 17, skip_bad_lines: bool 
     """Open ``KIND:PATH`` (or ``KIND`` / ``KIND:NAME`` for kinds without a file).
 
     Args:
-      spec: e.g. ``criteo:/data/criteo/train.tsv``, ``frappe:frappe/frappe.train.libfm``.
+      spec: e.g. ``criteo:/data/criteo/train.tsv``, ``frappe:frappe/frappe.train.libfm``,
+        ``parquet:DIR`` (a folder written by ``scripts/convert.py``).
       hash_buckets, skip_bad_lines, chunk_rows, multi_hot_len, raw_ids: see `SourceOptions`.
 
     Raises:
