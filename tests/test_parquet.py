@@ -32,7 +32,8 @@ OPTIONS = [{"hash_buckets": 1 << 17}, {"hash_buckets": 1000, "multi_hot_len": 3}
 
 
 def assert_same_chunks(text, columnar) -> None:
-    """Same spec, same chunks (every array: dtype, shape, values), same counters."""
+    """Same spec, same chunks (every array: dtype, shape, values), same counters (rows, and
+    when no line was skipped, truncated sequences and raw ids of no exact form)."""
     assert columnar.spec == text.spec
     got, want = list(columnar.chunks()), list(text.chunks())
     assert [c.size for c in got] == [c.size for c in want]
@@ -43,9 +44,10 @@ def assert_same_chunks(text, columnar) -> None:
                 continue
             assert (a.dtype, a.shape) == (b.dtype, b.shape), name
             np.testing.assert_array_equal(a, b, err_msg=name)
-    assert columnar.stats.as_dict()["rows"] == text.stats.as_dict()["rows"]
-    assert columnar.stats.as_dict()["truncated_by_field"] == text.stats.as_dict()["truncated_by_field"]
-    assert getattr(columnar, "raw_hashed", {}) == getattr(text, "raw_hashed", {})
+    assert columnar.stats.rows == text.stats.rows
+    if not text.stats.skipped:  # the text readers count bad lines' ids too, before dropping them
+        assert columnar.stats.truncated == text.stats.truncated
+        assert getattr(columnar, "raw_hashed", {}) == getattr(text, "raw_hashed", {})
 
 
 @pytest.fixture(scope="module")
