@@ -10,7 +10,8 @@ names the machine or the output directory, and without its echo of the config. F
 compared exactly: the file is valid on the CPU and the jax version it names (XLA:CPU may round
 differently elsewhere; `check` says so). Not a pytest module: a golden set is recorded and
 checked around one restructuring; tests/golden.json is the set of the registry change (AMD
-EPYC, jax 0.10.2).
+EPYC, jax 0.10.2), with three runs added on 2026-11-27 (``record --only NAMES --add``) where
+the set had nothing: GBA's per-id rule firing, DiLoCo, DCN-v2.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ RUNS: dict[str, list[str]] = {
        for m in ("hybrid", "sync", "async")},
     "async-lru": ["--algo", "async", "--embed.store", "lru", "--embed.capacity", "300", *ASYNC],
     "single-ckpt": ["--algo", "single", "--train.ckpt_every", "8"],
+    # added 2026-11-27 (the per-id rule fires at iota 1; DiLoCo; DCN-v2's mixture)
+    "gba-iota1": ["--algo", "gba", "--gba.iota", "1", "--stragglers", "slow:k=1,factor=3", *ASYNC],
+    "diloco": ["--algo", "diloco", "--devices", "2", "--diloco.inner_steps", "4"],
+    "single-dcn_v2": ["--algo", "single", "--model", "dcn_v2", "--model.cross_rank", "4",
+                      "--model.cross_experts", "2"],
     "shadow-ckpt": ["--algo", "shadow", "--train.ckpt_every", "8", *ASYNC],
 }
 # summary keys that measure time, name the machine or the output directory, and the config
@@ -110,11 +116,21 @@ def main(argv=None) -> int:
     ap.add_argument("action", choices=("record", "check"))
     ap.add_argument("file")
     ap.add_argument("--only", nargs="*", default=None, help="these runs only")
+    ap.add_argument("--add", action="store_true",
+                    help="record: add (or replace) the --only runs in FILE, keep the others")
     a = ap.parse_args(argv)
     names = a.only or list(RUNS)
     if a.action == "record":
+        got = record(names)
+        if a.add:
+            with open(a.file) as f:
+                old = json.load(f)
+            if old["machine"] != got["machine"]:
+                raise SystemExit(f"{a.file} was recorded on {old['machine']}; adding runs "
+                                 f"recorded on {got['machine']} would mix machines")
+            got = {**old, "runs": {**old["runs"], **got["runs"]}}
         with open(a.file, "w") as f:
-            json.dump(record(names), f, indent=1, sort_keys=True)
+            json.dump(got, f, indent=1, sort_keys=True)
             f.write("\n")
         return 0
     with open(a.file) as f:
