@@ -33,6 +33,9 @@ from recjax.data.hashing import CategoricalIds
 from recjax.data.readers import (
     Problems,
     TextSource,
+    block_hex,
+    block_ints,
+    block_label,
     check_hex,
     log1p_counts,
     parse_ints,
@@ -78,6 +81,29 @@ class CriteoSource(CategoricalIds, TextSource):
             tokens = cols[at + 1 + len(INT_NAMES) + k]
             check_hex(tokens, name, bad)
             ids[:, k, 0] = self.categorical_ids(tokens, name, k)
+        return dense, ids, None, label
+
+    def convert_block(self, cols: list):
+        """`convert` of a block of good lines without a Python object per token (readers.py),
+        or None when any value is not plainly good. Every check runs before the first id is
+        made, so a block that goes back to `convert` has left no trace."""
+        at = self.columns.index(INT_NAMES[0]) - 1
+        n = len(cols[0])
+        label = block_label(cols[at], LABELS)
+        if label is None:
+            return None
+        dense = np.empty((n, len(INT_NAMES)), np.float32)
+        for j in range(len(INT_NAMES)):
+            values = block_ints(cols[at + 1 + j])
+            if values is None:
+                return None
+            dense[:, j] = log1p_counts(values)
+        tokens = [block_hex(c) for c in cols[at + 1 + len(INT_NAMES):]]
+        if any(t is None for t in tokens):
+            return None
+        ids = np.empty((n, len(CAT_NAMES), 1), self.id_dtype)
+        for k, name in enumerate(CAT_NAMES):
+            ids[:, k, 0] = self.categorical_ids(tokens[k], name, k)
         return dense, ids, None, label
 
 

@@ -57,9 +57,90 @@ def mix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def crc32_tokens(tokens: Sequence[bytes]) -> np.ndarray:
+def crc32_tokens(tokens: Sequence[bytes] | Tokens) -> np.ndarray:
     """u32[N]: ``zlib.crc32`` of each token (raw bytes, no decoding)."""
+    if isinstance(tokens, Tokens):
+        return tokens.crc32()
     return np.fromiter(map(zlib.crc32, tokens), dtype=np.uint32, count=len(tokens))
+
+
+def _crc_tables() -> np.ndarray:
+    """u32[8, 256]: slicing-by-8 tables of zlib's CRC-32 (reflected, polynomial 0xEDB88320)."""
+    t = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        t = np.where(t & 1, (t >> 1) ^ np.uint32(0xEDB88320), t >> 1).astype(np.uint32)
+    tables = [t]
+    for _ in range(7):
+        prev = tables[-1]
+        tables.append((prev >> 8) ^ t[prev & 0xFF])
+    return np.stack(tables)
+
+
+_CRC8 = _crc_tables()
+
+
+def crc32_8(words: np.ndarray) -> np.ndarray:
+    """u32[N]: ``zlib.crc32`` of N 8-byte tokens, each given as the u64 its bytes make in
+    little-endian order, vectorised (slicing-by-8: eight table lookups per token instead of
+    eight dependent steps)."""
+    t = _CRC8
+    c = (words & np.uint64(0xFFFFFFFF)).astype(np.uint32) ^ np.uint32(0xFFFFFFFF)
+    h = (words >> np.uint64(32)).astype(np.uint32)
+    crc = t[7].take(c & 0xFF)
+    crc ^= t[6].take((c >> 8) & 0xFF)
+    crc ^= t[5].take((c >> 16) & 0xFF)
+    crc ^= t[4].take(c >> 24)
+    crc ^= t[3].take(h & 0xFF)
+    crc ^= t[2].take((h >> 8) & 0xFF)
+    crc ^= t[1].take((h >> 16) & 0xFF)
+    crc ^= t[0].take(h >> 24)
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+class Tokens:
+    """A column of tokens as one byte buffer and offsets (e.g. a pyarrow binary column's
+    buffers, no Python object per token), which `crc32_tokens`, `hash_tokens` and `raw_ids`
+    take as they take a list of bytes, with the same results.
+
+    8-byte tokens (all of Criteo's) are hashed and read as hex without a Python call per
+    token; others go through the per-token code.
+
+    Attributes:
+      data: u8[...] the bytes.
+      offsets: i64[N + 1]: token i is ``data[offsets[i]:offsets[i + 1]]``.
+    """
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray):
+        self.data, self.offsets = data, np.asarray(offsets, np.int64)
+        self.lengths = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return self.lengths.size
+
+    def tolist(self, index: np.ndarray | None = None) -> list[bytes]:
+        """The tokens (those at `index`) as bytes."""
+        raw, off = self.data.tobytes(), self.offsets
+        idx = range(len(self)) if index is None else index
+        return [raw[off[i]:off[i + 1]] for i in idx]
+
+    def eight(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions of the 8-byte tokens, their bytes as little-endian u64[M])."""
+        at = np.flatnonzero(self.lengths == 8)
+        n = self.data.size - 7
+        if not at.size or n < 1:
+            return at, np.zeros(0, np.uint64)
+        # every byte offset of the buffer as the start of an (unaligned) 8-byte word
+        words = np.ndarray((n,), "<u8", buffer=self.data, offset=0, strides=(1,))
+        return at, words[self.offsets[at]]
+
+    def crc32(self) -> np.ndarray:
+        out = np.zeros(len(self), np.uint32)  # crc32(b"") == 0
+        at, words = self.eight()
+        out[at] = crc32_8(words)
+        rest = np.flatnonzero((self.lengths != 8) & (self.lengths != 0))
+        if rest.size:
+            out[rest] = np.fromiter(map(zlib.crc32, self.tolist(rest)), np.uint32, rest.size)
+        return out
 
 
 _BLOCK = 16384  # keys hashed at once by `hash_keys`: its scratch words stay in the CPU cache
@@ -180,10 +261,9 @@ _DECIMAL_RE = re.compile(rb"-?(?:0|[1-9][0-9]{0,15})")  # 2**52 has 16 digits
 _DECIMAL_LIMIT = 1 << (RAW_VALUE_BITS - 1)
 _HEX_DIGIT = np.full(256, 16, np.uint8)  # 16 = not a lowercase hex digit
 _HEX_DIGIT[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
-_HEX8_SHIFTS = np.arange(28, -1, -4, dtype=np.uint64)  # first digit is the most significant
 
 
-def raw_ids(tokens: Sequence[bytes], field_index: int) -> np.ndarray:
+def raw_ids(tokens: Sequence[bytes] | Tokens, field_index: int) -> np.ndarray:
     """Raw 64-bit id of each categorical token of one field (layout in the comment above).
 
     Args:
@@ -198,25 +278,31 @@ def raw_ids(tokens: Sequence[bytes], field_index: int) -> np.ndarray:
         raise ValueError(f"raw ids hold {RAW_FIELD_BITS} bits of field, so field_index must be "
                          f"in [0, {MAX_RAW_FIELDS}), got {field_index}")
     n = len(tokens)
-    lengths = np.fromiter(map(len, tokens), np.int64, n)
+    column = tokens if isinstance(tokens, Tokens) else None
+    lengths = column.lengths if column is not None else np.fromiter(map(len, tokens), np.int64, n)
     tag = np.full(n, TAG_HASHED, np.uint64)
     value = np.zeros(n, np.uint64)
     tag[lengths == 0] = TAG_MISSING
-    eight = np.flatnonzero(lengths == 8)
-    if eight.size:  # one vectorised pass over all 8-byte tokens (all of Criteo's)
+    if column is not None:
+        eight, words = column.eight()
+    else:
+        eight = np.flatnonzero(lengths == 8)
         joined = b"".join(tokens) if eight.size == n else b"".join([tokens[i] for i in eight])
-        digits = _HEX_DIGIT[np.frombuffer(joined, np.uint8)].reshape(-1, 8)
-        hexes = (digits < 16).all(axis=1)
+        words = np.frombuffer(joined, "<u8")
+    if eight.size:  # one vectorised pass over all 8-byte tokens (all of Criteo's)
+        hexes, values = _hex8(words)
         tag[eight[hexes]] = TAG_HEX8
-        value[eight[hexes]] = (digits[hexes].astype(np.uint64) << _HEX8_SHIFTS).sum(axis=1)
+        value[eight[hexes]] = values[hexes]
     rest = np.flatnonzero(tag == TAG_HASHED)
     if rest.size:
-        exact, ints = _decimals([tokens[i] for i in rest])
+        rest_tokens = column.tolist(rest) if column is not None else [tokens[i] for i in rest]
+        exact, ints = _decimals(rest_tokens)
         tag[rest[exact]] = TAG_DECIMAL
         value[rest[exact]] = ints[exact].astype(np.uint64) & np.uint64(_VALUE_MASK)
         hashed = rest[~exact]
         if hashed.size:
-            words = crc32_tokens([tokens[i] for i in hashed]).astype(np.uint64) | (
+            hashed_tokens = [rest_tokens[i] for i in np.flatnonzero(~exact)]
+            words = crc32_tokens(hashed_tokens).astype(np.uint64) | (
                 lengths[hashed].astype(np.uint64) << np.uint64(32))
             value[hashed] = mix64(words) >> np.uint64(64 - RAW_VALUE_BITS)
     ids = (np.uint64(field_index) << np.uint64(_FIELD_SHIFT)) | (tag << np.uint64(_TAG_SHIFT)) | value
@@ -237,6 +323,21 @@ def add_field(ids: np.ndarray, field_index: int, out: np.ndarray | None = None) 
         raise ValueError(f"raw ids hold {RAW_FIELD_BITS} bits of field, so field_index must be "
                          f"in [0, {MAX_RAW_FIELDS}), got {field_index}")
     return np.bitwise_or(ids, np.int64(field_index << _FIELD_SHIFT), out=out)
+
+
+def _hex8(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bool[M] the 8-byte token is 8 lowercase hex digits, u64[M] its value) of tokens given as
+    little-endian u64 words: each byte to its digit, then the digits packed pairwise in place
+    (SWAR), no loop over the 8 positions."""
+    x = _HEX_DIGIT[words.view(np.uint8)].view("<u8")  # byte i: digit i (16: not a digit)
+    ok = (x & np.uint64(0xF0F0F0F0F0F0F0F0)) == 0
+    x = ((x & np.uint64(0x000F000F000F000F)) << np.uint64(4)) | (
+        (x & np.uint64(0x0F000F000F000F00)) >> np.uint64(8))  # 16-bit lanes: 2 digits
+    x = ((x & np.uint64(0x000000FF000000FF)) << np.uint64(8)) | (
+        (x & np.uint64(0x00FF000000FF0000)) >> np.uint64(16))  # 32-bit lanes: 4 digits
+    x = ((x & np.uint64(0xFFFF)) << np.uint64(16)) | (
+        (x & np.uint64(0x0000FFFF00000000)) >> np.uint64(32))  # the first digit most significant
+    return ok, x
 
 
 def _decimals(tokens: list[bytes]) -> tuple[np.ndarray, np.ndarray]:

@@ -6,7 +6,11 @@ A reader streams its file in blocks of `PARSE_BLOCK` lines and yields chunks of 
 1. splits every line on the delimiter and checks the field count;
 2. converts column by column with vectorised code: a fast path validates a whole column at once
    (e.g. one ``translate`` over the joined tokens), and only when that fails does a slow per-token
-   pass find which lines are bad;
+   pass find which lines are bad. A reader with `TextSource.convert_block` (Criteo) first tries
+   the whole block without a Python object per token: pyarrow's CSV parser splits it, and
+   numpy checks and converts its columns; the first doubt (a field count, a lone CR, any value
+   that is not plainly good) sends the block down the per-token path, which alone names bad
+   lines, so messages and skipped lines are those of the per-token path;
 3. reports the first bad line as ``DataError("file:line: field X: problem. what to do")``, or,
    with ``skip_bad_lines``, drops every bad line and counts it in ``stats``. A bad value never
    becomes a silent wrong value in a batch.
@@ -31,6 +35,7 @@ import numpy as np
 
 from recjax.batch import Chunk, concat_chunks
 from recjax.data.base import DataError, ReadStats
+from recjax.data.hashing import Tokens
 from recjax.features import FeatureSpec
 
 PARSE_BLOCK = 4096  # lines parsed at once (see TextSource.chunks)
@@ -213,6 +218,100 @@ def table_salt(spec: FeatureSpec, field: str) -> int:
     return next(i for i, f in enumerate(spec.fields) if f.table == table)
 
 
+# ----------------------------------------------------------------------------- whole blocks
+# The vectorised path of `TextSource.convert_block`: each returns None at the first doubt, and
+# the block is then parsed token by token (which finds, names or skips the bad lines).
+
+_IS_INT_CHAR = np.zeros(256, bool)
+_IS_INT_CHAR[np.frombuffer(_INT_CHARS, np.uint8)] = True
+_IS_HEX_CHAR = np.zeros(256, bool)
+_IS_HEX_CHAR[np.frombuffer(_HEX_CHARS, np.uint8)] = True
+
+
+def split_block(lines: list[bytes], n_cols: int, delimiter: bytes) -> list | None:
+    """The block's columns as pyarrow binary arrays (one per column, no Python object per token),
+    split by pyarrow's CSV parser with quoting off; None unless every line has exactly `n_cols`
+    fields (an empty line has one) and the only CRs end lines."""
+    if list(map(bytes.count, lines, itertools.repeat(delimiter))).count(n_cols - 1) != len(lines):
+        return None
+    data = b"".join(lines)
+    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
+        return None  # pyarrow ends a line at a lone CR; the per-token path keeps it in a token
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    names = [f"c{j}" for j in range(n_cols)]
+    try:
+        table = pcsv.read_csv(
+            pa.py_buffer(data),
+            pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1),
+            pcsv.ParseOptions(delimiter=delimiter.decode(), quote_char=False, escape_char=False,
+                              newlines_in_values=False, ignore_empty_lines=False),
+            pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.binary()), null_values=[],
+                                strings_can_be_null=False, check_utf8=False))
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    if table.num_rows != len(lines):
+        return None
+    return [c.combine_chunks() if c.num_chunks != 1 else c.chunk(0) for c in table.columns]
+
+
+def tokens_of(column) -> Tokens:
+    """A pyarrow binary array as `Tokens` (its buffers, not copied)."""
+    _, offsets, data = column.buffers()
+    off = np.frombuffer(offsets, np.int32, len(column) + 1, column.offset * 4)
+    raw = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
+    return Tokens(raw, off)
+
+
+def _chars_ok(tokens: Tokens, table: np.ndarray) -> bool:
+    return bool(table[tokens.data[tokens.offsets[0]:tokens.offsets[-1]]].all())
+
+
+def block_label(column, values: dict[bytes, float]) -> np.ndarray | None:
+    """f32[N] labels if every token is a key of `values` (single bytes), else None."""
+    if any(len(k) != 1 for k in values):
+        return None
+    tokens = tokens_of(column)
+    if not (tokens.lengths == 1).all():
+        return None
+    table = np.full(256, np.nan, np.float32)
+    for k, v in values.items():
+        table[k[0]] = v
+    out = table[tokens.data[tokens.offsets[:-1]]]
+    return None if np.isnan(out).any() else out
+
+
+def block_ints(column, allow_missing: bool = True) -> np.ndarray | None:
+    """i64[N] of ``-?[0-9]+`` tokens (empty = 0 when `allow_missing`), as `parse_ints` reads
+    them, else None: the characters are checked here, the digits parsed by pyarrow, which
+    refuses ``-``, ``1-2`` and values beyond int64 as `parse_ints` does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    tokens = tokens_of(column)
+    if not _chars_ok(tokens, _IS_INT_CHAR):
+        return None
+    empty = tokens.lengths == 0
+    if empty.any() and not allow_missing:
+        return None
+    valid = None if not empty.any() else pa.py_buffer(np.packbits(~empty, bitorder="little"))
+    _, offsets, data = column.buffers()
+    strings = pa.Array.from_buffers(pa.string(), len(column), [valid, offsets, data],
+                                    offset=column.offset)
+    try:
+        ints = pc.cast(strings, pa.int64())
+    except (pa.ArrowInvalid, ValueError):
+        return None
+    return ints.fill_null(0).to_numpy() if valid is not None else ints.to_numpy()
+
+
+def block_hex(column) -> Tokens | None:
+    """The column as `Tokens` if every token is lowercase hex digits (or empty), else None."""
+    tokens = tokens_of(column)
+    return tokens if _chars_ok(tokens, _IS_HEX_CHAR) else None
+
+
 # ----------------------------------------------------------------------------- the base reader
 
 
@@ -249,6 +348,8 @@ class TextSource:
         self.has_header = self._check_start()
 
     # -- subclass hooks
+
+    convert_block: ClassVar = None  # optional: (self, columns) -> arrays | None (see below)
 
     def convert(self, cols: list[Sequence[bytes]], bad: Problems
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
@@ -357,6 +458,17 @@ class TextSource:
         return line.rstrip(b"\r\n").split(self.delimiter)
 
     def _parse_block(self, lines: list[bytes], first_line: int, first_row: int) -> Chunk | None:
+        if self.convert_block is not None:
+            # Whole block, vectorised: `convert_block(columns)` (pyarrow binary arrays from
+            # `split_block`) returns convert's arrays, or None at its first doubt; it may have no
+            # side effect before it is sure (ids are made last), as the block is then parsed
+            # again below.
+            columns = split_block(lines, len(self.columns), self.delimiter)
+            arrays = None if columns is None else self.convert_block(columns)
+            if arrays is not None:
+                dense, ids, mask, label = arrays
+                return Chunk(dense=dense, ids=ids, mask=mask, label=label,
+                             row=np.arange(first_row, first_row + len(lines), dtype=np.int64))
         bad = Problems()
         cols, pos = self._columns(lines, bad)
         arrays = None
