@@ -8,11 +8,10 @@ ones drive the runtime.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import sys
 from collections.abc import Callable
 
+from algorithms.runtime import placement
 from algorithms.runtime.segments import run_in_segments, with_latest
 from recjax import registry
 from recjax.config import Config
@@ -34,23 +33,15 @@ def run(cfg: Config) -> dict:
         raise ValueError(f"--algo single trains on one device; for --devices {cfg.train.devices} "
                          f"use --algo {' or '.join(registry.names(kind=registry.SPMD))}")
     registry.check(cfg)
-    backend = cfg.runtime.backend
-    if backend == "ray" and cfg.train.deterministic:
-        raise ValueError("--deterministic runs the roles on the virtual clock in one process; it "
-                         "cannot be combined with --backend ray (drop one of them)")
-    if backend == "virtual":  # the same as --deterministic
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
+    cfg = placement.settle(cfg)
     try:
         if registry.REGISTRY[cfg.train.algo].kind == registry.HOST_ASYNC:
             return run_in_segments(RUNNERS[cfg.train.algo], cfg)  # checkpoint to checkpoint
         return RUNNERS[cfg.train.algo](cfg)
-    except BaseException as e:  # a Ray process the run needs died: say which, not Ray's error
-        ray = sys.modules.get("algorithms.runtime.ray_backend")  # imported by a Ray run
-        lost = ray.diagnose(e) if ray is not None else e
+    except BaseException as e:  # a process the run needs died: say which, not Ray's error
+        lost = placement.lost(e)
         if lost is e:
             raise
         raise with_latest(lost, cfg.train.out) from e
     finally:  # whatever happened, no Ray process of this run outlives it
-        ray = sys.modules.get("algorithms.runtime.ray_backend")
-        if ray is not None:
-            ray.shutdown()
+        placement.shutdown()

@@ -47,7 +47,7 @@ def run(cfg: Config) -> dict:
     # docs/performance.md).
     server = DensePS(s0.params, s0.opt_state, rt.dense_apply)
     supply = rt.static_shards()
-    workers = [rt.worker(w, supply) for w in range(rt.num_workers)]
+    workers = [rt.placement.worker(w, supply) for w in range(rt.num_workers)]
     roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
 
     def counters() -> dict:

@@ -208,8 +208,8 @@ class GbaServer:
     current values without it.
 
     Args:
-      rt: the run's engine, or what of it the server reads (`server_context`: the server is
-        built in its own process under ``--backend ray``).
+      rt: what the server reads of the run's engine (`server_context`: values, so that the
+        server can be built in a process of its own).
       p: the resolved sizes.
       params, opt_state: the dense state to continue from.
     """
@@ -451,12 +451,12 @@ def _tree_scale(a, c: float):
     return jax.tree.map(lambda x: x * np.float32(c), a)
 
 
-def worker_role(server: GbaServer, worker: Worker):
+def worker_role(rt: Runtime, server: GbaServer, worker: Worker):
     """Alg. 1's computation thread: take, pull, compute, push (non-blocking), repeat.
 
     A worker whose process died (``--backend ray``: `WorkerLost`) tells the PS, whose gates
     stop waiting for it (`GbaServer.lose`), and ends; its entry's token never returns."""
-    rt, p, wid = server.rt, server.p, worker.wid
+    p, wid = server.p, worker.wid
     dense_bytes = rt.dense_bytes
     it = 0
     while True:
@@ -489,20 +489,16 @@ def run(cfg: Config) -> dict:
     s0 = rt.init_state
     local, rows = rt.warm_batch
     _, g, sums = jax.device_get(rt.grads_rows(s0.params, rt.ps.pull(rows, admit=False), local))
-    warm = (g, rows, sums)
-    if rt.cluster is None:
-        server = GbaServer(rt, p, s0.params, s0.opt_state)
-        server_warm(server, warm)
-    else:  # PS0 in its own process; the workers' gradients go to it by reference
-        rt.dense_on_actor = True
-        server = rt.host(GbaServer, hosted_server, cfg, p, s0.params,
-                         s0.opt_state, server_context(rt), warm,
-                         local={"rt": rt, "p": p, "signal": Signal("gba-ps")},
-                         mutating=("push", "leave", "lose", "restore", "flush"),
-                         by_ref={"pull": 2})
+    # PS0, where the placement puts the servers the roles share: the object itself, or (Ray)
+    # a proxy of it in a process of its own, which the workers' gradients reach by reference
+    server = rt.placement.host(GbaServer, hosted_server, cfg, p, s0.params, s0.opt_state,
+                               server_context(rt), (g, rows, sums), dense_grads=True,
+                               local={"p": p, "signal": Signal("gba-ps")},
+                               mutating=("push", "leave", "lose", "restore", "flush"),
+                               by_ref={"pull": 2})
     supply = rt.shared_list(p.m)
-    workers = [rt.worker(w, supply) for w in range(p.workers)]
-    roles = [RoleSpec(f"gba-worker{w.wid}", worker_role(server, w)) for w in workers]
+    workers = [rt.placement.worker(w, supply) for w in range(p.workers)]
+    roles = [RoleSpec(f"gba-worker{w.wid}", worker_role(rt, server, w)) for w in workers]
 
     def snapshot():
         return server.params, server.opt_state, rt.start_step + server.accounted // p.m
@@ -523,8 +519,9 @@ def server_context(rt: Runtime) -> types.SimpleNamespace:
 
 
 def hosted_server(cfg: Config, p: Plan, params, opt_state, ctx, warm) -> GbaServer:
-    """PS0 built in its own process (``--backend ray``): the dense optimizer rebuilt from the
-    config, the embedding PS reached through the shards' actor handles in `ctx`."""
+    """PS0 built where the placement hosts it (in an actor of its own under ``--backend ray``):
+    the dense optimizer rebuilt from the config, the embedding PS reached through `ctx`
+    (under Ray, through the shards' actor handles)."""
     ctx.dense_apply = jax.jit(functools.partial(apply_dense, make_dense_tx(cfg.dense)))
     server = GbaServer(ctx, p, params, opt_state)
     server_warm(server, warm)

@@ -325,9 +325,9 @@ class Persia:
         self.allreduce_seconds = self.allreduce_bytes / rt.bandwidth
         self.allreduce_wall = [0.0] * k
         mini = rt.mini_layout
-        # NN worker k's forward/backward: a jitted function here, or in worker group k's
-        # process under --backend ray
-        self.nn_grads = [rt.remote_fn(j, "nn_grads", nn_grads_fn, k) for j in range(k)]
+        # NN worker k's forward/backward, where the placement runs worker group k's compute
+        # (a jitted function here, or in the group's process under --backend ray)
+        self.nn_grads = [rt.placement.remote_fn(j, "nn_grads", nn_grads_fn, k) for j in range(k)]
         self.emb_lookup = jax.jit(lambda minis, ids, mask: lookup(mini, minis, ids, mask))
         self.row_grads = jax.jit(lambda g_acts, ids, mask: row_gradients(mini, g_acts, ids, mask))
         self._warm()
@@ -335,10 +335,9 @@ class Persia:
     def _warm(self) -> None:
         """Compile every jitted piece before a thread starts (PERF_NOTES 5)."""
         rt = self.rt
-        batch, _ = next(rt._global_batches(1))
-        local, rows = localize(rt.model.layout, batch)
+        local, rows = rt.warm_batch  # the engine's: a global batch, localized
         acts = self.emb_lookup(rt.ps.pull(rows, admit=False), local.ids, local.mask)
-        sl = self._slice(acts, batch, 0)
+        sl = self._slice(acts, local, 0)
         for fn in self.nn_grads:  # under Ray, each NN worker's process compiles its own
             _, g_params, g = fn(self.dense.params, *sl)
         jax.block_until_ready(self.dense.mean_apply(self.dense.params, self.dense.opt_state,
@@ -475,7 +474,7 @@ class Persia:
     def run(self) -> dict:
         rt, p = self.rt, self.p
         supply = rt.shared_list(1, localize=False)
-        workers = [rt.worker(k, supply) for k in range(p.nn_workers)]
+        workers = [rt.placement.worker(k, supply) for k in range(p.nn_workers)]
         queues = [collections.deque() for _ in range(p.embedding_workers)]
         done = [False] * p.embedding_workers
         roles = [RoleSpec(f"persia-nn{w.wid}", self.nn_worker(w.wid, w)) for w in workers]
@@ -495,11 +494,12 @@ class Persia:
                     "nn_recoveries": self.dense.recoveries,
                     "ps_recoveries": self.recovery.recoveries}
 
+        def served() -> list[int]:  # the embedding workers reach the PS, the NN workers never
+            return [self.ledger.raw[f"ps{s}<->embedding"] for s in range(rt.ps.num_shards)]
+
         sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=live,
                            step=lambda: rt.start_step + min(w.counters.iterations
-                                                            for w in workers))
-        workers[0].counters.shard_bytes = [self.ledger.raw[f"ps{s}<->embedding"]
-                                           for s in range(rt.ps.num_shards)]
+                                                            for w in workers), served=served)
         extra = self.counters(sched)
         params, opt_state = self.params()
         return rt.finish(params, opt_state, sched, workers, extra, step=rt.total_steps)
@@ -532,7 +532,7 @@ class Persia:
 
 
 def nn_grads_fn(rt, k: int):
-    """An NN worker's forward/backward on its slice (Alg. 2), for `Runtime.remote_fn`: ``(params,
+    """An NN worker's forward/backward on its slice (Alg. 2), for `placement.remote_fn`: ``(params,
     acts, dense, label) -> (metrics, dense grads, activation grads)`` of one of `k` slices."""
     model, scale = rt.mini_model, np.float32(1.0 / k)
 

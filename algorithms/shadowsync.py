@@ -114,7 +114,7 @@ def run(cfg: Config) -> dict:
 
     supply = rt.static_shards()
     # under Ray a trainer is one process: its m workers are threads of its actor
-    workers = [rt.worker(w, supply, group=w // m, group_size=m) for w in range(n * m)]
+    workers = [rt.placement.worker(w, supply, group=w // m, group_size=m) for w in range(n * m)]
     sync_counters = [Counters() for _ in range(n)]
     roles = []
     fr_groups = [group() for _ in range(m)]  # FR: worker j of every trainer all-reduce together

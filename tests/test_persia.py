@@ -220,12 +220,12 @@ def test_an_nn_straggler_sleeps_for_its_timed_forward_backward(monkeypatch):
 def test_a_local_fn_times_what_it_returns(monkeypatch):
     """`LocalFn.timed` waits for the computation it times (jax dispatches asynchronously: the
     time to the call's return alone would be the dispatch), and returns its result."""
-    from algorithms.runtime import engine
+    from algorithms.runtime import worker
 
     waited = []
     block = jax.block_until_ready
-    monkeypatch.setattr(engine.jax, "block_until_ready", lambda x: waited.append(x) or block(x))
-    fn = engine.LocalFn(jax.jit(lambda x: (x @ x).sum()))
+    monkeypatch.setattr(worker.jax, "block_until_ready", lambda x: waited.append(x) or block(x))
+    fn = worker.LocalFn(jax.jit(lambda x: (x @ x).sum()))
     x = np.ones((64, 64), np.float32)
     assert float(fn(x)) == 64.0 ** 3 and waited == []  # a plain call keeps async dispatch
     out, secs = fn.timed(x)

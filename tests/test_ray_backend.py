@@ -453,7 +453,7 @@ def test_a_stragglers_push_lands_after_its_slowdown(cluster):
         assert_trees(before, rt_t.ps.snapshot(), rtol=0, atol=0)
         after = []
         for rt in (rt_t, rt_r):
-            worker = rt.worker(0, None)
+            worker = rt.placement.worker(0, None)
             t0 = time.perf_counter()
             _, pending, work = worker.compute(params, item, 0)
             # the slowdown scales the gradient computation the actor timed, not the call
@@ -494,7 +494,7 @@ def test_a_remote_fn_times_its_computation_in_the_actor(cluster):
     for cfg in (on_threads(base), on_ray(base)):
         rt = Runtime(cfg, 1)
         try:
-            fn = rt.remote_fn(0, "sum_of_square", _sum_of_square, 128)
+            fn = rt.placement.remote_fn(0, "sum_of_square", _sum_of_square, 128)
             assert float(fn(x)) == want  # (compiles)
             t0 = time.perf_counter()
             out, secs = fn.timed(x)

@@ -145,7 +145,7 @@ def test_a_threaded_worker_times_its_compute_only_when_it_straggles():
     try:
         item, params = (0, rt.warm_batch), rt.init_state.params
         for wid in range(2):
-            worker = rt.worker(wid, None)
+            worker = rt.placement.worker(wid, None)
             t0 = time.perf_counter()
             _, pending, work = worker.compute(params, item, 0)
             took = time.perf_counter() - t0

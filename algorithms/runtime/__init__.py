@@ -3,14 +3,20 @@
 * ``clock.py``: the effects roles yield (`Work`, `Collective`, `Wait`) and their two
   interpreters (`run_threaded`, `run_virtual`);
 * ``ps.py``: parameter servers that speak in values (embedding PS shards, sync PS, dense PS);
-* ``supply.py``: batch supplies (static per-worker shards, GBA's shared data list);
+* ``supply.py``: the run's data (`Feed`) and batch supplies (static per-worker shards, GBA's
+  shared data list);
 * ``stragglers.py``: seeded slowdown models;
-* ``engine.py``: `Runtime`, what the roles of one run share, and the run's end (eval, files);
+* ``engine.py``: `Runtime`, what the roles of one run share: its parts, compile and warm-up,
+  and the roles' run (`Runtime.execute`);
+* ``placement.py``: where PS shards, workers' compute and shared servers live (this process,
+  or Ray actors: ``ray_placement.py``), chosen once per run;
 * ``worker.py``: what one worker computes and counts (gradients on mini tables, `Worker`);
 * ``segments.py``: a run from checkpoint to checkpoint (``train.ckpt_every``), roles' stop signals;
+* ``finish.py``: the checkpoint a stop leaves, and the run's end (eval, checkpoint, summary);
 * ``report.py``: progress bar, train / eval / counters records and TensorBoard while it runs;
-* ``ray_backend.py``: ``--backend ray``, the cluster and the servers as Ray actors; its PS
-  shards in ``ray_ps.py``, its worker groups in ``ray_workers.py``.
+* ``ray_backend.py``: ``--backend ray``'s cluster and the watch over its processes; what
+  travels between its actors and the hosted servers in ``ray_wire.py``, its PS shards in
+  ``ray_ps.py``, its worker groups in ``ray_workers.py``.
 
 The algorithms (``async_ps.py``, ``shadowsync.py``, ``gba.py``) are modules beside this package.
 """

@@ -1,28 +1,37 @@
-"""The host-async engine (DESIGN.md section 4.2): what the roles of one run share.
+"""The host-async engine (DESIGN.md section 4.2): what the roles of one run share, and their run.
 
-An algorithm (``async_ps.py``, ``shadowsync.py``, ``gba.py``) builds a `Runtime`, picks a batch
-supply, writes its roles as generators (``clock.py``) around the pure jitted pieces of
-`recjax.train.step`, and calls `Runtime.execute` then `Runtime.finish`:
+An algorithm (``async_ps.py``, ``shadowsync.py``, ``gba.py``, ``persia.py``) builds a `Runtime`,
+picks a batch supply, writes its roles as generators (``clock.py``) around the pure jitted
+pieces of `recjax.train.step`, and calls `Runtime.execute` then `Runtime.finish`:
 
-    rt = Runtime(cfg, num_workers=W)      # data, model, optimizers, resume, embedding PS, links
+    rt = Runtime(cfg, num_workers=W)      # data, model, resume, embedding PS, compiled steps
     supply = rt.static_shards()           # or rt.shared_list(M): GBA's data list
-    workers = [rt.worker(w, supply) for w in range(W)]
+    workers = [rt.placement.worker(w, supply) for w in range(W)]
     roles = [RoleSpec(f"worker-{w}", my_worker(rt, wk)) for w, wk in enumerate(workers)]
     sched = rt.execute(roles, supply, snapshot=...)   # threads, or the virtual clock
     return rt.finish(params, opt_state, sched, workers, counters, step=...)  # eval, files
 
-Under ``--backend ray`` (``ray_backend.py``, ``ray_ps.py``, ``ray_workers.py``) the embedding
-PS shards, the worker groups' compute and the servers given to `Runtime.host` are Ray actor
-processes; the roles are the same and still run here, in threads.
+A `Runtime` is made of parts a reader can name, each in a module of its own:
 
-Pieces: ``worker.py``'s `Worker` (takes batches from the supply, a jitted gradient on the rows
-it pulled, its counters) and `Replica` (a trainer's dense params, shared lock-free by its worker
-threads and its shadow thread), the parameter servers of ``ps.py`` (values in, values out), `clock.Link` (a PS
-link with a bandwidth), the supplies of ``supply.py``. Every thread is started by
+* data and supply (``supply.py``, `supply.Feed`): the run's data, the batches the PS placement
+  is profiled and the functions compiled on, the supplies the workers take batches from;
+* placement (``placement.py``): where the PS shards, each worker's compute and the servers the
+  roles share live, in this process or as Ray actors (``ray_placement.py``), chosen once; the
+  engine and the algorithms call it without asking which it is;
+* the checkpoint interval (``segments.py``): where this call's roles start and stop;
+* compile and warm-up (`Runtime._compile`, here): every jitted piece built and run once before
+  a thread starts;
+* execution (`Runtime.execute`, here): the roles on the virtual clock or on threads, watched,
+  reported (``report.py``), and stopped with a checkpoint;
+* the end (``finish.py``): eval, checkpoint, metrics.jsonl and summary.json.
+
+Pieces the roles use: ``worker.py``'s `Worker` (takes batches from the supply, a jitted
+gradient on the rows it pulled, its counters) and `Replica` (a trainer's dense params, shared
+lock-free by its worker threads and its shadow thread), the parameter servers of ``ps.py``
+(values in, values out), `clock.Link` (a PS link with a bandwidth). Every thread is started by
 `recjax.concurrency.ThreadGroup`; an exception in any role, a failing PS shard or Ctrl-C stops
 all of them within a poll interval, and the run's checkpoints (written only between runs of
-the roles) stay usable. The run contract (``--out`` policy, resume check, Train NE across
-segments, eval, summary) is `recjax.train.contract`, shared with every other trainer.
+the roles) stay usable.
 
 ``TrainState.step`` is global steps, as everywhere: examples consumed / ``train.batch_size``.
 A worker batch of async / ShadowSync is ``train.batch_size`` rows (one step per iteration);
@@ -37,35 +46,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from algorithms.runtime import finish, report, segments, stragglers
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime import report, stragglers
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, run_threaded, run_virtual
-from algorithms.runtime.segments import SEGMENT, Abandoned, StateLost, stoppable, with_latest
-from algorithms.runtime.supply import SharedList, StaticShards
+from algorithms.runtime.placement import choose
+from algorithms.runtime.segments import Abandoned, StateLost, stoppable
+from algorithms.runtime.supply import Feed, SharedList, StaticShards
 from algorithms.runtime.watchdog import Watchdog
-from algorithms.runtime.worker import (
-    LocalFn,
-    Worker,
-    make_grads,
-    mini_layout,
-    with_vocab,
-)
+from algorithms.runtime.worker import Worker, make_grads, mini_layout, with_vocab
 from recjax.concurrency import ThreadGroup
 from recjax.config import Config
-from recjax.data.pipeline import batches, cached
-from recjax.data.synthetic import SyntheticSource
-from recjax.train import contract, signals
-from recjax.train.data import open_data, train_shuffle_buffer
+from recjax.train import signals
 from recjax.train.setup import build, check_memory, init_scale, make_model
-from recjax.train.step import (
-    Model,
-    StepMetrics,
-    TrainState,
-    apply_dense,
-    jit_predict,
-)
+from recjax.train.step import Model, TrainState, apply_dense
 
 
 class Runtime:
@@ -75,72 +69,69 @@ class Runtime:
       cfg: the run's config (``runtime`` section for the engine).
       num_workers: worker roles of the run (stragglers are drawn for each).
       batch_size: rows of one worker batch (default ``train.batch_size``; GBA's B_a).
+
+    Attributes (those the roles read):
+      placement: where PS shards, compute and shared servers live (`placement.Placement`).
+      feed, data: the run's data and the supplies cut from it (`supply.Feed`).
+      ps: the embedding PS (`ps.EmbeddingPS`'s interface, whatever the placement).
+      init_state: the dense state this call starts from (the tables are the PS's).
+      start_step, total_steps, run_steps, run_start: `segments.Span`'s start, end, run_end
+        and run_start.
+      grads, grads_rows, dense_apply: the jitted steps (`worker.make_grads`, the optimizer).
+      warm_batch: ``(localized batch, rows)`` every function was compiled on.
+      stragglers, example_cost, shard_links, dense_link, bandwidth: the cost model.
     """
 
     def __init__(self, cfg: Config, num_workers: int, batch_size: int = 0):
         self.t0 = time.perf_counter()
-        self.cfg, rc, tc = cfg, cfg.runtime, cfg.train
-        self.ckpt = self.cluster = None
-        self.backend = "virtual" if tc.deterministic else rc.backend
-        self.dense_on_actor = False  # ray: the dense gradients' consumer is an actor
-        self._stop_saving: tuple = (KeyboardInterrupt,)  # stops that leave a checkpoint
+        self.cfg, self.ckpt, self.report = cfg, None, None
+        self.num_workers = num_workers
+        self.batch_size = batch_size or cfg.train.batch_size
+        self.placement = choose(cfg, self)  # under --backend ray this starts Ray
         try:
-            self._setup(cfg, num_workers, batch_size)
+            self._setup(cfg)
         except BaseException:
             self.close()  # no Ray process outlives a failed start
             raise
 
-    def _setup(self, cfg: Config, num_workers: int, batch_size: int) -> None:
+    def _setup(self, cfg: Config) -> None:
         rc, tc = cfg.runtime, cfg.train
-        if self.backend == "ray":
-            from algorithms.runtime import ray_backend, ray_ps, ray_workers
-
-            self.cluster = ray_backend.Cluster(cfg.ray, cfg.train.out)
-            self.groups = ray_workers.Groups(self)
-            self._stop_saving = (KeyboardInterrupt, ray_ps.PsFailed, ray_backend.ControlLost)
-        self.num_workers = num_workers
-        self.batch_size = batch_size or tc.batch_size
-        self.data = open_data(cfg)
-        self._shuffle = train_shuffle_buffer(self.data, cfg.data.shuffle_buffer)
-        if isinstance(self.data.train, SyntheticSource):  # generate once, not once per worker
-            self.data.train = cached(self.data.train, cfg.data.cache_rows)
-            for _ in self.data.train.chunks():
-                pass
+        # data, and the model
+        self.feed = Feed(cfg, self.batch_size)
+        self.data, self.steps_per_epoch = self.feed.data, self.feed.steps_per_epoch
+        self.max_len = self.data.spec.max_len
         lru = cfg.embed.store == "lru"
         if lru:  # raw 64-bit ids: the tables are LRU stores of `capacity` rows, built below
             _, self.tx, self.sparse_opt, state = build(cfg, with_vocab(self.data.spec, 1))
             self.model = make_model(cfg, with_vocab(self.data.spec, cfg.embed.capacity))
             check_memory(cfg, self.model.layout, self.sparse_opt, lru=True)
-        else:  # under Ray each PS shard initialises its own tables: none in this process
+        else:  # tables drawn here, or (under Ray) by each PS shard's actor: shapes only here
             self.model, self.tx, self.sparse_opt, state = build(
-                cfg, self.data.spec, tables=self.cluster is None)
+                cfg, self.data.spec, tables=self.placement.tables_here)
         layout = self.model.layout
-        self.max_len = self.data.spec.max_len
-        self.mini_layout = self._mini(self.batch_size)  # tables of one worker batch's rows
+        self.mini_layout = mini_layout(layout, self.batch_size, self.max_len)  # one batch's rows
         self.mini_model = Model(self.model.module, self.mini_layout, self.model.microbatches)
-        mini, mini_model = self.mini_layout, self.mini_model
-        profile = [b for b, _ in self._global_batches(rc.profile_batches)]
+        # the embedding PS's shards, tables placed by the load they serve (`ps.place`)
+        profile = self.feed.first(rc.profile_batches)
         self.costs = ps_lib.profile_costs(layout, profile)
-        self.placement = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
+        table_shard = ps_lib.place(self.costs, rc.ps_shards, rc.placement)
+        store = dict(capacity=cfg.embed.capacity, seed=tc.seed, init=init_scale(cfg),
+                     admit_probability=cfg.embed.admit_probability) if lru else None
+
+        def make_ps(tables, slots):
+            return self.placement.make_ps(layout, self.sparse_opt, tables, slots, table_shard,
+                                          rc.ps_shards, store)
+
         if lru:
-            self.ps = self._make_ps({}, {}, dict(
-                capacity=cfg.embed.capacity, seed=tc.seed, init=init_scale(cfg),
-                admit_probability=cfg.embed.admit_probability))
+            self.ps = make_ps({}, {})
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
-        run_start = SEGMENT.get()  # set when this goes on from the run's periodic checkpoint
-        self.resuming = tc.resume or run_start is not None
-        self.ckpt, state, self.progress = contract.open_run(cfg, state, resume=self.resuming)
-        self.init_state = state
-        self.start_step = int(state.step)
-        self.run_start = self.start_step if run_start is None else run_start
-        self.steps_per_epoch = self.data.train_rows // tc.batch_size
-        self.run_steps = tc.steps or tc.epochs * self.steps_per_epoch  # the run's last step
-        if tc.resume and self.start_step >= self.run_steps:
-            raise ValueError(f"the checkpoint is at step {self.start_step}, which already reaches "
-                             f"the requested {self.run_steps} steps; raise --steps (or --epochs) "
-                             "to go on")
-        self.total_steps = self._segment_end()  # where the roles of this call stop
-        self.stragglers = stragglers.parse(rc.stragglers, num_workers, tc.seed)
+        # where this call's roles start (a checkpoint?) and stop (its interval's end?)
+        self.ckpt, state, self.progress, span = segments.open_segment(
+            cfg, state, self.num_workers, self.steps_per_epoch)
+        self.resuming, self.start_step, self.run_start = span.resuming, span.start, span.run_start
+        self.total_steps, self.run_steps, self.periodic = span.end, span.run_end, span.periodic
+        # the cost model: stragglers, compute per example, links
+        self.stragglers = stragglers.parse(rc.stragglers, self.num_workers, tc.seed)
         self.example_cost = rc.example_cost_us * 1e-6
         bw = rc.bandwidth_gbps * 1e9 / 8
         self.shard_links = [Link(f"emb-ps-{s}", bw) for s in range(rc.ps_shards)]
@@ -151,162 +142,47 @@ class Runtime:
             if self.start_step:
                 self.ps.restore(state.tables, state.slots)
         else:
-            self.ps = self._make_ps(state.tables, state.slots, None)
+            self.ps = make_ps(state.tables, state.slots)
         for shard in self.ps.shards:  # the sparse optimizer's step goes on from the checkpoint
             if shard.tables and self.start_step:  # (a new shard's is 0; under Ray a set costs
                 shard.step = self.start_step      # a snapshot of its tables)
         # The PS owns the tables from here (its shards made their own copies): the engine keeps
         # the dense state only, or the host would hold every table twice (dlrm_kaggle: 1.1 GB).
-        self.init_state = self.init_state._replace(tables={}, slots={})
+        self.init_state = state._replace(tables={}, slots={})
+        self._compile(state, self.localize(profile[0]))
 
-        grads, grads_rows = make_grads(mini, mini_model)
+    def _compile(self, state: TrainState, warm_batch: tuple) -> None:
+        """Build every jitted piece of the workers and run it once on `warm_batch` before any
+        thread starts (compiling holds the GIL: PERF_NOTES 5)."""
+        grads, grads_rows = make_grads(self.mini_layout, self.mini_model)
         self.grads = jax.jit(grads)
         self.grads_rows = jax.jit(grads_rows)
-        self._fns: dict = {}
         self.dense_apply = jax.jit(lambda p, o, g: apply_dense(self.tx, p, o, g))
         self.dense_bytes = sum(int(x.size) * 4 for x in jax.tree.leaves(state.params))
-        # Compile before any thread starts (compiling holds the GIL: PERF_NOTES 5).
-        local, rows = ps_lib.localize(layout, profile[0])
-        self.warm_batch = (local, rows)
+        local, rows = self.warm_batch = warm_batch
         _, g, rg = self.grads(state.params, self.ps.pull(rows, admit=False), local)
         jax.block_until_ready(self.dense_apply(state.params, state.opt_state, g))
         self.ps.warm(rows, rg)
 
-    @property
-    def periodic(self) -> bool:
-        """Checkpoints every ``train.ckpt_every`` steps (`run_in_segments`)."""
-        return bool(self.cfg.train.ckpt_every and self.ckpt is not None)
-
-    def _segment_end(self) -> int:
-        """The step the roles run to: the run's last step, ``train.stop_after``, or with
-        periodic checkpoints the next multiple of ``train.ckpt_every`` (a tail shorter than
-        the workers joins the interval before it, so every worker gets a batch)."""
-        tc = self.cfg.train
-        end = self.run_steps
-        if self.periodic:
-            k = tc.ckpt_every
-            nxt = (self.start_step // k + 1) * k
-            if end - nxt >= self.num_workers:
-                end = nxt
-        if self.start_step < tc.stop_after < end:
-            end = tc.stop_after
-        return end
-
-    def _make_ps(self, tables: dict, slots: dict, lru: dict | None) -> ps_lib.EmbeddingPS:
-        """The embedding PS: shards in this process, or Ray actors (``--backend ray``)."""
-        rc = self.cfg.runtime
-        if self.cluster is not None:
-            from algorithms.runtime import ray_ps
-
-            return ray_ps.RayEmbeddingPS(self.cluster, self.cfg, self.model.layout, tables,
-                                         slots, self.placement, rc.ps_shards, lru=lru)
-        return ps_lib.EmbeddingPS(self.model.layout, tables, slots, self.sparse_opt,
-                                  self.placement, rc.ps_shards, lru=lru)
-
-    def host(self, cls: type, factory, *args, **proxy) -> Any:
-        """Under Ray, a server the roles share in an actor of its own: a `ray_wire.Hosted`
-        proxy (of `cls`'s methods) of ``factory(*args)`` built there; `proxy` keywords say
-        which attributes stay local, which methods notify, which results stay references.
-        Without Ray the roles share the server object itself, so there is nothing to host."""
-        if self.cluster is None:
-            raise RuntimeError("Runtime.host is for --backend ray: without it, share the server")
-        from algorithms.runtime import ray_wire
-
-        handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
-                                    resource=self.cfg.ray.ps_resource)
-        self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
-        return ray_wire.Hosted(handle, cls, **proxy)
-
-    def remote_fn(self, group: int, name: str, factory, *args):
-        """``jax.jit(factory(rt, *args))`` as a `LocalFn`, or under Ray the same function
-        compiled in worker group `group`'s actor and called there (`RemoteFn`: numpy in, numpy
-        out); both also time a call (``.timed``)."""
-        if self.cluster is None:
-            key = (name, args)
-            if key not in self._fns:
-                self._fns[key] = LocalFn(jax.jit(factory(self, *args)))
-            return self._fns[key]
-        from algorithms.runtime import ray_workers
-
-        return ray_workers.RemoteFn(self.groups, group, name, factory, args)
-
-    def _mini(self, rows: int):
-        """The layout of per-batch mini tables: every touched row of a `rows`-row batch."""
-        return mini_layout(self.model.layout, rows, self.data.spec.max_len)
-
-    def _predict(self):
-        """``(params, tables, batch) -> logits`` for eval: the full tables, or (LRU store) the
-        rows looked up through the PS without admitting anything."""
-        if not self.ps.lru:
-            return jit_predict(self.model)
-        model = Model(self.model.module, self._mini(self.cfg.train.eval_batch_size),
-                      self.model.microbatches)
-        pred = jit_predict(model)
-
-        def predict(params, _tables, batch):
-            local, rows = self._localize(batch)
-            return pred(params, self.ps.pull(rows, admit=False), local)
-
-        return predict
-
-    def _global_batches(self, n: int):
-        stream = batches(self.data.train, self.batch_size, seed=self.cfg.train.seed,
-                         epoch=0, shuffle_buffer=self._shuffle, drop_remainder=True,
-                         keep=self.data.keep_train)
-        for i, b in enumerate(stream):
-            if i >= max(n, 1):
-                break
-            yield b
-
-    def _localize(self, batch):
+    # -- data --------------------------------------------------------------------------------
+    def localize(self, batch) -> tuple:
+        """``(batch with ids remapped to the rows it touches, rows)`` (`ps.localize`)."""
         return ps_lib.localize(self.model.layout, batch)
 
-    @property
-    def _depth(self) -> int:
-        return 0 if self.cfg.train.deterministic else self.cfg.data.prefetch
-
     def static_shards(self) -> StaticShards:
-        """Per-worker shards: the workers train the ``total - start`` remaining steps between
-        them (one batch each per step), so the run ends at exactly the requested step.
-
-        A resumed run continues each worker's shard where it stopped: exact after a completed
-        segment of equal shares; after a Ctrl-C, workers resume at their average position.
-        """
-        remaining = self.total_steps - self.start_step
-        k, w = self.cfg.train.ckpt_every, self.num_workers
-        if self.periodic and k % w:
-            raise ValueError(f"--train.ckpt_every={k} must be a multiple of the {w} workers "
-                             f"(e.g. {k - k % w or w}): each interval gives every worker the "
-                             "same number of batches, so its shard goes on where it stopped")
-        if remaining < self.num_workers:
-            raise ValueError(f"{remaining} steps cannot feed {self.num_workers} workers; "
-                             "raise --steps or lower --trainers / --workers-per-trainer")
-        return StaticShards(self.data, self.batch_size, self.cfg.train.seed, self._shuffle,
-                            self.num_workers, self.start_step // self.num_workers, remaining,
-                            self._localize, self._depth)
+        """Per-worker shards of this call's steps (`supply.Feed.static_shards`)."""
+        return self.feed.static_shards(self.num_workers, self.start_step, self.total_steps,
+                                       self.periodic, self.localize)
 
     def shared_list(self, m: int, localize: bool = True) -> SharedList:
         """GBA's data list: M entries of ``B_a`` rows per global step, from the resumed step.
 
         With ``localize=False`` the entries are the batches as read (Persia's embedding workers
         localize the ids they receive themselves)."""
-        return SharedList(self.data, self.batch_size, self.steps_per_epoch * m,
-                          self.cfg.train.seed, self._shuffle, self.start_step * m,
-                          self.total_steps * m, self._localize if localize else None,
-                          self._depth)
+        return self.feed.shared_list(m, self.start_step, self.total_steps,
+                                     self.localize if localize else None)
 
-    def worker(self, wid: int, supply: StaticShards | SharedList, group: int | None = None,
-               group_size: int = 1) -> Worker:
-        """Worker `wid`; under Ray its compute runs in worker group `group`'s actor process
-        (default: a process of its own; ShadowSync groups a trainer's `group_size` workers,
-        which get as many XLA threads there)."""
-        if self.cluster is not None:
-            from algorithms.runtime import ray_workers
-
-            return ray_workers.RayWorker(self, wid, supply, wid if group is None else group,
-                                         group_size)
-        return Worker(self, wid, supply)
-
+    # -- state -------------------------------------------------------------------------------
     def state(self, params: Any, opt_state: Any, step: int) -> TrainState:
         """A consistent `TrainState` at global `step` (call when no role runs)."""
         tables, slots = self.ps.snapshot()
@@ -315,18 +191,11 @@ class Runtime:
     def close(self) -> None:
         if self.ckpt is not None:
             self.ckpt.close()
-        if self.cluster is not None:
-            self.cluster.stop()
+        self.placement.close()
 
-    def _totals(self, workers: list[Worker], completed: bool = False) -> dict:
-        """StepMetrics sums of the batches the workers scored (`completed`: only those of
-        iterations they completed, as at a step the roles were stopped at early)."""
-        ms = [m for w in workers
-              for m in w.counters.metrics[:w.counters.iterations if completed else None]]
-        return contract.sum_metrics(ms) if ms else dict.fromkeys(StepMetrics._fields, 0.0)
-
+    # -- the run -----------------------------------------------------------------------------
     def execute(self, roles: list[RoleSpec], supply, snapshot=None, workers=(), counters=None,
-                step=None) -> Schedule:
+                step=None, served=None) -> Schedule:
         """Run the roles (virtual clock with ``--deterministic``, else threads).
 
         Args:
@@ -337,13 +206,15 @@ class Runtime:
           workers: the `Worker`\\ s (their scored batches make the train records).
           counters: ``() -> dict`` of the algorithm's counters, recorded over time.
           step: ``() -> global step reached`` (default: start + the workers' iterations).
+          served: ``() -> bytes each PS shard served`` (default: the workers' counters).
         """
-        self.report = report.Reporter(self, workers, step, snapshot, counters)
+        virtual, place = self.cfg.train.deterministic, self.placement
+        self.report = report.Reporter(self, workers, step, snapshot, counters, served)
         # A role that makes no progress for runtime.watchdog_s is named, its stack printed, and
         # the run stopped with a checkpoint (issue 16, item 10); threads only: on the virtual
         # clock every role runs in this thread, between events.
         dog = Watchdog([r.name for r in roles], self.cfg.runtime.watchdog_s)
-        if self.cfg.train.deterministic:
+        if virtual:
             # Signals are read between events, never inside a role: the state stays whole. With
             # periodic checkpoints the first one lets the interval finish (its checkpoint keeps
             # the run bit-reproducible), a second one abandons the interval.
@@ -353,26 +224,23 @@ class Runtime:
             roles = [dataclasses.replace(r, role=dog.watch(i, r.role))
                      for i, r in enumerate(roles)]
 
-        vital = self.cluster.check if self.cluster is not None else lambda now=False: None
-
         def on_poll():
             dog.check("recjax-rt-")
-            vital()
+            place.check()
             self.report.on_poll()
 
         def on_event(now: float) -> bool:
-            vital()
+            place.check()
             return self.report.on_event(now)
 
         self.report.on_wait = lambda: dog.check("recjax-rt-")
 
         try:
-            if signals.requested() and not (self.cfg.train.deterministic and self.periodic):
+            if signals.requested() and not (virtual and self.periodic):
                 raise KeyboardInterrupt  # a stop signal came while the run was being set up
-            if self.cfg.train.deterministic:
+            if virtual:
                 return run_virtual(roles, on_event)
-            if self.cluster is not None:  # compile every worker group before the clock runs
-                self.groups.warm_all(self.init_state.params, self.warm_batch)
+            place.warm(self.init_state.params, self.warm_batch)  # before the clock runs
             group = ThreadGroup("recjax-rt")
             self.report.bind(group.stop)
             roles = [dataclasses.replace(r, role=self.report.wrap(r.role)) for r in roles]
@@ -381,15 +249,15 @@ class Runtime:
             return sched
         except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint
             self.report.close()
-            lost = self._diagnose(e)
+            lost = place.diagnose(e)
             if isinstance(lost, Abandoned):
                 last = self.ckpt.latest_step() if self.ckpt is not None else None
                 print(f"stopped at once; the checkpoint at step {last} is the latest")
             elif isinstance(lost, StateLost):
-                lost = self._with_latest(lost)
-            elif isinstance(lost, (*self._stop_saving, TimeoutError)):
-                self._save_stopped(snapshot, workers, "interrupted"
-                                   if isinstance(lost, KeyboardInterrupt) else "stopped")
+                lost = finish.latest(self, lost)
+            elif isinstance(lost, (*place.stop_saving, TimeoutError)):
+                finish.save_stopped(self, snapshot, workers, "interrupted"
+                                    if isinstance(lost, KeyboardInterrupt) else "stopped")
             self.close()
             if lost is e:
                 raise
@@ -397,121 +265,14 @@ class Runtime:
         finally:
             supply.close()
 
-    def _with_latest(self, e: StateLost) -> StateLost:
-        if self.ckpt is not None:
-            self.ckpt.close()  # an async save in flight commits first
-        return with_latest(e, self.cfg.train.out)
-
-    def _diagnose(self, e: BaseException) -> BaseException:
-        """The failure to act on: `e`, or under Ray the death of a vital process that caused
-        it (a role's call to an actor of a dead raylet fails in Ray's own words first)."""
-        if self.cluster is None or isinstance(e, (StateLost, KeyboardInterrupt)):
-            return e
-        try:
-            self.cluster.check(now=True)
-        except OSError as lost:
-            return lost
-        return e
-
-    def _save_stopped(self, snapshot, workers, why: str) -> None:
-        """Checkpoint the roles' state after they stopped early (Ctrl-C, a lost PS)."""
-        if self.ckpt is None or snapshot is None:
-            return
-        params, opt_state, step = snapshot()
-        totals = self._totals(workers)
-        contract.check_finite(totals, f"before step {step}", self.ckpt)
-        self.progress.add(totals)
-        if self.report.stopper is not None:  # the best so far goes on after a --resume
-            self.progress.early_stop = self.report.stopper.state()
-        contract.save(self.ckpt, self.cfg, self.state(params, opt_state, step), self.progress,
-                      time.perf_counter() - self.t0, interrupted=True)
-        print(f"{why} at step {step}; checkpoint in {self.cfg.train.out}")
-
     def finish(self, params: Any, opt_state: Any, sched: Schedule, workers: list[Worker],
                extra: dict, step: int | None = None) -> dict:
-        """Eval the returned model, checkpoint, write metrics.jsonl and summary.json.
+        """Eval the returned model, checkpoint, write metrics.jsonl and summary.json
+        (``finish.py``); at an interval's end, the interval's checkpoint and records only.
 
         Args:
+          extra: the algorithm's counters for the summary.
           step: the global step reached (default: start + the workers' iterations, one global
             step each).
         """
-        cfg, tc = self.cfg, self.cfg.train
-        if self.cluster is not None:  # roles that all ended on a dead raylet end here
-            try:
-                self.cluster.check(now=True)
-            except StateLost as e:
-                self.close()
-                raise self._with_latest(e) from None
-            except OSError:  # only GCS is gone: the actors' state is whole, finish as planned
-                pass
-        iterations = sum(w.counters.iterations for w in workers)
-        report = self.report
-        if report.early is not None:  # early stopping ended the roles at an eval
-            state, ev, preds = report.early
-            step = int(state.step)
-        else:
-            step = self.start_step + iterations if step is None else step
-            state = self.state(params, opt_state, step)
-        totals = self._totals(workers, completed=report.early is not None)
-        contract.check_finite(totals, f"in steps {self.start_step + 1}-{step}", self.ckpt)
-        self.progress.add(totals)
-        wall = time.perf_counter() - self.t0
-        self.progress.train_seconds += sched.seconds
-        self.progress.timed_steps += step - self.start_step
-        # the roles were to stop before the run's end: a checkpoint interval or stop_after (a
-        # run that ends short because it lost a role is at its end: it gets its summary)
-        at_end = report.early is not None or self.total_steps >= self.run_steps
-        if at_end and report.early is None:  # the final eval counts for the best checkpoint
-            ev, preds = contract.evaluate(cfg, self.data, self._predict(), state.params,
-                                          state.tables)
-            report.track(step, ev, state)
-        elif not at_end:  # an interval's end: the eval due there (mid-interval ones: `report`)
-            ev = preds = None
-            if tc.eval_every and step % tc.eval_every == 0 and step < self.run_steps:
-                ev, preds = contract.evaluate(cfg, self.data, self._predict(), state.params,
-                                              state.tables)
-                at_end = report.track(step, ev, state)  # early stopping at the boundary
-        if report.stopper is not None:
-            self.progress.early_stop = report.stopper.state()
-        if self.ckpt is not None:
-            contract.save(self.ckpt, cfg, state, self.progress, wall)
-            self.ckpt.close()
-        if not at_end:
-            report.boundary(step, sched.seconds, ev, extra)
-            if self.cluster is not None:
-                self.cluster.stop()
-            return {"stopped_at": step, "steps": step, "run_start": self.run_start,
-                    "next_segment": self.periodic and step < (self.cfg.train.stop_after
-                                                              or self.run_steps)}
-        if self.ps.lru:
-            extra = {"lru": self.ps.lru_counters(), **extra}
-        extra = {"backend": self.backend, "lost_roles": sched.lost, **extra}
-        if self.cluster is not None:
-            extra.update(self.ps.fault_counters(), ray_worker_groups=len(self.groups.handles),
-                         ray_worker_respawns=self.groups.respawns)
-            self.cluster.stop()
-        shard = np.sum([w.counters.shard_bytes for w in workers], axis=0).tolist()
-        unit = "virtual" if tc.deterministic else "wall"
-        summary = contract.build_summary(
-            cfg, self.data, state, self.progress, ev, start_step=self.run_start,
-            wall_seconds=self.progress.wall_seconds + wall,
-            train_seconds=self.progress.train_seconds, timed_steps=self.progress.timed_steps,
-            clock=unit, extra={
-                "segment_seconds": sched.seconds,
-                "segment_examples_per_sec": (step - self.start_step) * tc.batch_size
-                / max(sched.seconds, 1e-12),
-                "worker_iterations": iterations, "worker_batch_size": self.batch_size,
-                "trainers": cfg.runtime.trainers,
-                "workers_per_trainer": cfg.runtime.workers_per_trainer,
-                "stragglers": cfg.runtime.stragglers,
-                "embedding_bytes": int(sum(shard)), "embedding_bytes_per_shard": shard,
-                "ps_placement": cfg.runtime.placement, "ps_table_to_shard": self.placement,
-                "ps_load_profile": {how: ps_lib.shard_loads(self.costs, ps_lib.place(
-                    self.costs, cfg.runtime.ps_shards, how), cfg.runtime.ps_shards)
-                    for how in ("mod", "binpack")},
-                "virtual_events": sched.events if tc.deterministic else None,
-                **extra, **(report.stopper.summary() if report.stopper is not None else {})})
-        self.report.final(step, sched.seconds, None if report.early is not None else ev, extra)
-        contract.write_summary(cfg, summary, preds)
-        return summary | {"final_state": state, "schedule": sched}
-
+        return finish.finish(self, params, opt_state, sched, workers, extra, step)

@@ -152,8 +152,8 @@ class Groups:
     """The worker-group actors of a run, created on first use; a group of `size` workers
     gets as many XLA threads."""
 
-    def __init__(self, rt):
-        self.rt, self.handles, self.pids, self.sizes = rt, {}, {}, {}
+    def __init__(self, rt, cluster):
+        self.rt, self.cluster, self.handles, self.pids, self.sizes = rt, cluster, {}, {}, {}
         self.respawns = 0
 
     def respawn(self, group: int) -> None:
@@ -169,7 +169,7 @@ class Groups:
         if group not in self.handles:
             rt = self.rt
             names = [sh.names for sh in rt.ps.shards]
-            h = rt.cluster.spawn(ComputeServer, rt.cfg, rt.data.spec, rt.batch_size, names,
+            h = self.cluster.spawn(ComputeServer, rt.cfg, rt.data.spec, rt.batch_size, names,
                                  concurrency=8, resource=rt.cfg.ray.worker_resource,
                                  xla_threads=self.sizes[group])
             self.handles[group] = h
@@ -229,7 +229,7 @@ class RemoteFn:
 
 
 class RayWorker:
-    """`worker.Worker` whose compute runs in its group's actor (see `Runtime.worker`).
+    """`worker.Worker` whose compute runs in its group's actor (`RayPlacement.worker`).
 
     The driver makes one call per step (`ComputeServer.step`): the actor pulls the batch's
     rows from each shard's actor and (async PS, ShadowSync) pushes each shard its row
@@ -238,8 +238,8 @@ class RayWorker:
     push in the actor until `push`, which the role calls after the step's `Work` (its modelled
     slowdown), as a threaded worker pushes: one more call for such a step
     (`ComputeServer.flush`). For GBA the row gradients come back as one reference per shard
-    (`ShardGrads`) for PS0. With ``rt.dense_on_actor`` the dense gradient
-    stays a reference too (its consumer, a hosted dense PS or GBA's PS0, is an actor). A shard
+    (`ShardGrads`) for PS0. With the placement's ``dense_on_actor`` the dense gradient
+    stays a reference too (its consumer, a hosted server such as GBA's PS0, is an actor). A shard
     that died under the step is restarted by the driver's `ShardProxy`, and the step redone
     through it.
     """
@@ -250,7 +250,7 @@ class RayWorker:
         self.rt, self.wid, self.supply, self.group = rt, wid, supply, group
         self._record = record_step  # (imported lazily: shard actors load this module)
         self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
-        self.handle = rt.groups.get(group, group_size)
+        self.handle = rt.placement.groups.get(group, group_size)
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
 
     def take(self):
@@ -264,7 +264,7 @@ class RayWorker:
         _, (local, rows) = item
         if self._kill_at and it + 1 == self._kill_at:
             self._kill_at = 0
-            sigkill(self.handle, self.rt.groups.pids[self.group])
+            sigkill(self.handle, rt.placement.groups.pids[self.group])
         n, push = 2 + len(rt.ps.shards), not coalesce
         # A straggler's push waits in the actor for its slowdown (`push`), as a threaded
         # worker pushes after its `Work`: other workers must not see the gradients of a
@@ -292,7 +292,7 @@ class RayWorker:
                 outs = self.handle.compute.options(num_returns=n).remote(
                     host_value(params), local, coalesce, *parts)
                 m, secs = ray.get(outs[0])
-            g_params = outs[1] if rt.dense_on_actor else ray.get(outs[1])
+            g_params = outs[1] if rt.placement.dense_on_actor else ray.get(outs[1])
         except ray.exceptions.RayActorError as e:
             raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
         work = self._record(rt, self.wid, self.counters, item, m, it, secs)

@@ -36,6 +36,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from algorithms.runtime.finish import predictor, totals
 from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract
 from recjax.train.early_stop import EarlyStopper
@@ -60,14 +61,19 @@ class Reporter:
       snapshot: ``() -> (dense params, opt state, global step)`` of the model to evaluate
         (None: no mid-run evals).
       counters: ``() -> dict`` of the algorithm's counters so far (nested dicts are flattened).
+      served: ``() -> [bytes PS shard s served]`` so far; default the workers' counters (Persia's
+        embedding workers, not its NN workers, reach the PS: it counts them itself).
     """
 
     def __init__(self, rt: Any, workers: list, step: Callable[[], int] | None = None,
                  snapshot: Callable[[], tuple] | None = None,
-                 counters: Callable[[], dict] | None = None):
+                 counters: Callable[[], dict] | None = None,
+                 served: Callable[[], list[int]] | None = None):
         cfg, tc = rt.cfg, rt.cfg.train
         self.rt, self.workers, self.tc = rt, list(workers), tc
         self.step = step or (lambda: rt.start_step + sum(w.counters.iterations for w in self.workers))
+        self.served = served or (lambda: [sum(w.counters.shard_bytes[s] for w in self.workers)
+                                          for s in range(rt.ps.num_shards)])
         self.snapshot, self.counters = snapshot, counters or dict
         self.on_wait: Callable[[], None] = lambda: None  # called while roles are being held
         self.virtual = bool(tc.deterministic)
@@ -200,7 +206,7 @@ class Reporter:
         the live ones)."""
         ws = self.workers
         return {"worker_iterations": sum(w.counters.iterations for w in ws),
-                "embedding_bytes": int(sum(sum(w.counters.shard_bytes) for w in ws)),
+                "embedding_bytes": int(sum(self.served())),
                 **(self.counters() if extra is None else extra)}
 
     def _evaluate(self) -> None:
@@ -212,7 +218,7 @@ class Reporter:
         state = rt.state(params, opt_state, s) if self.stopper is not None else None
         tables = None if rt.ps.lru else (state.tables if state is not None
                                          else rt.ps.snapshot()[0])
-        ev, preds = contract.evaluate(rt.cfg, rt.data, rt._predict(), params, tables)
+        ev, preds = contract.evaluate(rt.cfg, rt.data, predictor(rt), params, tables)
         self.writer.write({"kind": "eval", "step": s, **ev})
         if self.track(s, ev, state, preds):
             self.early = (state, ev, preds)
@@ -227,7 +233,7 @@ class Reporter:
         if st.update(step, ev):
             progress = copy.deepcopy(self.rt.progress)  # the Train NE sums up to `step`
             if step > self.rt.start_step and self.workers:
-                progress.add(self.rt._totals(self.workers, completed=True))
+                progress.add(totals(self.workers, completed=True))
             st.save_best(lambda ckpt: contract.save(ckpt, self.rt.cfg, state, progress,
                                                     time.perf_counter() - self.rt.t0))
         if st.should_stop:

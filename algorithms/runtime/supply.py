@@ -15,7 +15,7 @@ that worker), safe to call from any role's thread, and ``close()``.
 
 Batches come out *localized* for the embedding PS (`ps.localize`: ids remapped to the rows a
 batch touches), prepared ahead on a `recjax.concurrency.Prefetcher` thread (inline in
-deterministic runs).
+deterministic runs). `Feed` is a run's data and cuts both supplies from it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,74 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from recjax.concurrency import Prefetcher
-from recjax.data.pipeline import batches
-from recjax.train.data import RunData
+from recjax.config import Config
+from recjax.data.pipeline import batches, cached
+from recjax.data.synthetic import SyntheticSource
+from recjax.train.data import RunData, open_data, train_shuffle_buffer
+
+
+class Feed:
+    """A host-async run's training data, and the supplies its workers take batches from.
+
+    Args:
+      cfg: the run's config (``data``, ``train.seed``, ``train.deterministic``).
+      batch_size: rows of one worker batch.
+
+    Attributes:
+      data: the run's `RunData`.
+      steps_per_epoch: global steps (``train.batch_size`` rows) in one pass over the data.
+    """
+
+    def __init__(self, cfg: Config, batch_size: int):
+        self.cfg, self.batch_size = cfg, batch_size
+        self.data = open_data(cfg)
+        self.shuffle = train_shuffle_buffer(self.data, cfg.data.shuffle_buffer)
+        if isinstance(self.data.train, SyntheticSource):  # generate once, not once per worker
+            self.data.train = cached(self.data.train, cfg.data.cache_rows)
+            for _ in self.data.train.chunks():
+                pass
+        self.steps_per_epoch = self.data.train_rows // cfg.train.batch_size
+        self.depth = 0 if cfg.train.deterministic else cfg.data.prefetch  # batches made ahead
+
+    def first(self, n: int) -> list:
+        """The first `n` (at least one) worker batches of the run's example order, as read
+        (the PS placement's load profile, the batch every function is compiled on)."""
+        stream = batches(self.data.train, self.batch_size, seed=self.cfg.train.seed, epoch=0,
+                         shuffle_buffer=self.shuffle, drop_remainder=True,
+                         keep=self.data.keep_train)
+        out = []
+        for i, (b, _) in enumerate(stream):
+            if i >= max(n, 1):
+                break
+            out.append(b)
+        return out
+
+    def static_shards(self, workers: int, start: int, end: int, periodic: bool,
+                      localize: Callable[[Any], Any]) -> StaticShards:
+        """Per-worker shards: the workers train the ``end - start`` steps between them (one
+        batch each per step), so the run ends at exactly the requested step.
+
+        A resumed run continues each worker's shard where it stopped: exact after a completed
+        interval of equal shares; after a Ctrl-C, workers resume at their average position.
+        """
+        remaining, k = end - start, self.cfg.train.ckpt_every
+        if periodic and k % workers:
+            raise ValueError(f"--train.ckpt_every={k} must be a multiple of the {workers} "
+                             f"workers (e.g. {k - k % workers or workers}): each interval gives "
+                             "every worker the same number of batches, so its shard goes on "
+                             "where it stopped")
+        if remaining < workers:
+            raise ValueError(f"{remaining} steps cannot feed {workers} workers; raise --steps "
+                             "or lower --trainers / --workers-per-trainer")
+        return StaticShards(self.data, self.batch_size, self.cfg.train.seed, self.shuffle,
+                            workers, start // workers, remaining, localize, self.depth)
+
+    def shared_list(self, m: int, start: int, end: int,
+                    localize: Callable[[Any], Any] | None) -> SharedList:
+        """GBA's data list: M entries of ``B_a`` rows per global step, steps ``[start, end)``."""
+        return SharedList(self.data, self.batch_size, self.steps_per_epoch * m,
+                          self.cfg.train.seed, self.shuffle, start * m, end * m, localize,
+                          self.depth)
 
 
 class StaticShards:

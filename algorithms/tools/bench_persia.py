@@ -80,7 +80,7 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
 
     p = persia.Persia(bench_config("hybrid", "threads", 64))
     rt, codec, k = p.rt, p.codec, p.p.nn_workers
-    batch, _ = next(rt._global_batches(1))
+    batch = rt.feed.first(1)[0]
     local, rows = localize(rt.model.layout, batch)
     minis = rt.ps.pull(rows)
     acts = jax.block_until_ready(p.emb_lookup(minis, local.ids, local.mask))

@@ -353,7 +353,7 @@ def bench_floor(steps: int, batch: int) -> dict:
         local, rows = rt.warm_batch
         real = ray_wire.pack_rows(rt.ps.pull(rows, admit=False), rows)
         params = jax.device_get(rt.init_state.params)
-        names = [[k for k, s in rt.placement.items() if s == i] for i in range(len(rt.ps.shards))]
+        names = [[k for k, s in rt.ps.placement.items() if s == i] for i in range(len(rt.ps.shards))]
     finally:
         rt.close()
     with _local_ray():

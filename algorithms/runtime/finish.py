@@ -1,0 +1,150 @@
+"""The end of a call of a host-async run's roles: the checkpoint a stop leaves, and the end of
+an interval or of the run (evaluation, checkpoint, metrics.jsonl, summary.json).
+
+`finish` is `engine.Runtime.finish`; `save_stopped` checkpoints the roles' state after they
+stopped early (Ctrl-C, a lost PS); `totals` sums the batches the workers scored (Train NE);
+`predictor` is what evaluation calls. The run contract (``--out`` policy, Train NE across
+intervals, eval, summary) is `recjax.train.contract`, shared with every other trainer.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from algorithms.runtime import ps as ps_lib
+from algorithms.runtime.clock import Schedule
+from algorithms.runtime.segments import StateLost, with_latest
+from algorithms.runtime.worker import Worker, mini_layout
+from recjax.train import contract
+from recjax.train.step import Model, StepMetrics, jit_predict
+
+Runtime = Any  # `engine.Runtime` (not imported: the engine imports this module)
+
+
+def totals(workers: list[Worker], completed: bool = False) -> dict:
+    """StepMetrics sums of the batches the workers scored (`completed`: only those of
+    iterations they completed, as at a step the roles were stopped at early)."""
+    ms = [m for w in workers
+          for m in w.counters.metrics[:w.counters.iterations if completed else None]]
+    return contract.sum_metrics(ms) if ms else dict.fromkeys(StepMetrics._fields, 0.0)
+
+
+def predictor(rt: Runtime):
+    """``(params, tables, batch) -> logits`` for eval: the full tables, or (LRU store) the
+    rows looked up through the PS without admitting anything."""
+    if not rt.ps.lru:
+        return jit_predict(rt.model)
+    model = Model(rt.model.module, mini_layout(rt.model.layout, rt.cfg.train.eval_batch_size,
+                                               rt.max_len), rt.model.microbatches)
+    pred = jit_predict(model)
+
+    def predict(params, _tables, batch):
+        local, rows = ps_lib.localize(rt.model.layout, batch)
+        return pred(params, rt.ps.pull(rows, admit=False), local)
+
+    return predict
+
+
+def latest(rt: Runtime, e: StateLost) -> StateLost:
+    """`e`, naming the run's latest committed checkpoint (an async save in flight first
+    commits)."""
+    if rt.ckpt is not None:
+        rt.ckpt.close()
+    return with_latest(e, rt.cfg.train.out)
+
+
+def save_stopped(rt: Runtime, snapshot, workers: list[Worker], why: str) -> None:
+    """Checkpoint the roles' state after they stopped early (Ctrl-C, a lost PS)."""
+    if rt.ckpt is None or snapshot is None:
+        return
+    params, opt_state, step = snapshot()
+    sums = totals(workers)
+    contract.check_finite(sums, f"before step {step}", rt.ckpt)
+    rt.progress.add(sums)
+    if rt.report.stopper is not None:  # the best so far goes on after a --resume
+        rt.progress.early_stop = rt.report.stopper.state()
+    contract.save(rt.ckpt, rt.cfg, rt.state(params, opt_state, step), rt.progress,
+                  time.perf_counter() - rt.t0, interrupted=True)
+    print(f"{why} at step {step}; checkpoint in {rt.cfg.train.out}")
+
+
+def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: list[Worker],
+           extra: dict, step: int | None = None) -> dict:
+    """`engine.Runtime.finish`: eval the returned model, checkpoint, write the records."""
+    cfg, tc = rt.cfg, rt.cfg.train
+    try:  # roles that all ended on a dead raylet end here
+        rt.placement.check(now=True)
+    except StateLost as e:
+        rt.close()
+        raise latest(rt, e) from None
+    except OSError:  # only GCS is gone: the actors' state is whole, finish as planned
+        pass
+    iterations = sum(w.counters.iterations for w in workers)
+    report = rt.report
+    if report.early is not None:  # early stopping ended the roles at an eval
+        state, ev, preds = report.early
+        step = int(state.step)
+    else:
+        step = rt.start_step + iterations if step is None else step
+        state = rt.state(params, opt_state, step)
+    sums = totals(workers, completed=report.early is not None)
+    contract.check_finite(sums, f"in steps {rt.start_step + 1}-{step}", rt.ckpt)
+    rt.progress.add(sums)
+    wall = time.perf_counter() - rt.t0
+    rt.progress.train_seconds += sched.seconds
+    rt.progress.timed_steps += step - rt.start_step
+    # the roles were to stop before the run's end: a checkpoint interval or stop_after (a
+    # run that ends short because it lost a role is at its end: it gets its summary)
+    at_end = report.early is not None or rt.total_steps >= rt.run_steps
+    if at_end and report.early is None:  # the final eval counts for the best checkpoint
+        ev, preds = contract.evaluate(cfg, rt.data, predictor(rt), state.params, state.tables)
+        report.track(step, ev, state)
+    elif not at_end:  # an interval's end: the eval due there (mid-interval ones: `report`)
+        ev = preds = None
+        if tc.eval_every and step % tc.eval_every == 0 and step < rt.run_steps:
+            ev, preds = contract.evaluate(cfg, rt.data, predictor(rt), state.params,
+                                          state.tables)
+            at_end = report.track(step, ev, state)  # early stopping at the boundary
+    if report.stopper is not None:
+        rt.progress.early_stop = report.stopper.state()
+    if rt.ckpt is not None:
+        contract.save(rt.ckpt, cfg, state, rt.progress, wall)
+        rt.ckpt.close()
+    if not at_end:
+        report.boundary(step, sched.seconds, ev, extra)
+        rt.placement.close()
+        return {"stopped_at": step, "steps": step, "run_start": rt.run_start,
+                "next_segment": rt.periodic and step < (tc.stop_after or rt.run_steps)}
+    if rt.ps.lru:
+        extra = {"lru": rt.ps.lru_counters(), **extra}
+    extra = {"backend": rt.placement.name, "lost_roles": sched.lost, **extra}
+    extra.update(rt.placement.fault_counters())
+    rt.placement.close()
+    summary = contract.build_summary(
+        cfg, rt.data, state, rt.progress, ev, start_step=rt.run_start,
+        wall_seconds=rt.progress.wall_seconds + wall, train_seconds=rt.progress.train_seconds,
+        timed_steps=rt.progress.timed_steps, clock="virtual" if tc.deterministic else "wall",
+        extra={**_layout(rt, sched, step, iterations), **extra,
+               **(report.stopper.summary() if report.stopper is not None else {})})
+    report.final(step, sched.seconds, None if report.early is not None else ev, extra)
+    contract.write_summary(cfg, summary, preds)
+    return summary | {"final_state": state, "schedule": sched}
+
+
+def _layout(rt: Runtime, sched: Schedule, step: int, iterations: int) -> dict:
+    """The summary's account of the engine: rates, topology, PS bytes and placement."""
+    rc, tc = rt.cfg.runtime, rt.cfg.train
+    shard = rt.report.served()
+    return {
+        "segment_seconds": sched.seconds,
+        "segment_examples_per_sec": (step - rt.start_step) * tc.batch_size
+        / max(sched.seconds, 1e-12),
+        "worker_iterations": iterations, "worker_batch_size": rt.batch_size,
+        "trainers": rc.trainers, "workers_per_trainer": rc.workers_per_trainer,
+        "stragglers": rc.stragglers,
+        "embedding_bytes": int(sum(shard)), "embedding_bytes_per_shard": shard,
+        "ps_placement": rc.placement, "ps_table_to_shard": rt.ps.placement,
+        "ps_load_profile": {how: ps_lib.shard_loads(rt.costs, ps_lib.place(
+            rt.costs, rc.ps_shards, how), rc.ps_shards) for how in ("mod", "binpack")},
+        "virtual_events": sched.events if tc.deterministic else None}

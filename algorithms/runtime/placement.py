@@ -1,0 +1,164 @@
+"""Where a host-async run's PS shards, workers' compute and shared servers live (DESIGN.md 4.2).
+
+The engine (``engine.py``) and the algorithms ask a `Placement` for each of these and never ask
+which placement runs: it is chosen once per run, from the config (`choose`):
+
+* `InProcess` (``--backend threads``, and ``--deterministic``'s virtual clock): everything in
+  this process; a shared server is the object itself;
+* ``ray_placement.RayPlacement`` (``--backend ray``): PS shards, worker groups and hosted
+  servers as Ray actor processes, and the watch over the processes whose death stops the run.
+
+The roles (``clock.py``'s generators) are the same under both and run in this process.
+`settle`, `lost` and `shutdown` are `algorithms.run`'s part of it: the backend a config may
+name, the Ray process whose death caused a run's error, no Ray process outliving a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any, Protocol
+
+import jax
+
+from algorithms.runtime import ps as ps_lib
+from algorithms.runtime.worker import LocalFn, Worker
+from recjax.config import Config
+
+Runtime = Any  # `engine.Runtime` (not imported: the engine imports this module)
+_RAY = "algorithms.runtime.ray_backend"  # imported by the Ray placement only
+
+
+class Placement(Protocol):
+    """The interface the engine and the algorithms call (`InProcess`, `RayPlacement`).
+
+    Attributes:
+      name: the summary's ``backend``: ``virtual``, ``threads`` or ``ray``.
+      tables_here: whether this process draws the initial tables (under Ray each PS shard's
+        actor draws its own, so no process holds every table).
+      stop_saving: the exceptions that stop the roles and leave a checkpoint of their state.
+    """
+
+    name: str
+    tables_here: bool
+    stop_saving: tuple[type[BaseException], ...]
+
+    def make_ps(self, layout, sparse_opt, tables: dict, slots: dict,
+                table_shard: dict[str, int], shards: int,
+                lru: dict | None) -> ps_lib.EmbeddingPS:
+        """The embedding PS (`ps.EmbeddingPS`'s arguments and interface)."""
+
+    def host(self, cls: type, factory, *args, dense_grads: bool = False, **proxy) -> Any:
+        """The server ``factory(*args)`` the roles share (an instance of `cls`): the object
+        itself, or a proxy of `cls`'s methods to it in a process of its own. `proxy` keywords
+        (`ray_wire.Hosted`) say which attributes stay here, which methods notify, which
+        results stay references; `dense_grads`: the workers' dense gradients go to it."""
+
+    def worker(self, wid: int, supply, group: int | None = None, group_size: int = 1) -> Worker:
+        """Worker `wid` (`worker.Worker`'s interface) taking batches from `supply`; `group`:
+        the workers that share a process (ShadowSync's trainers, `group_size` of them)."""
+
+    def remote_fn(self, group: int, name: str, factory, *args) -> LocalFn:
+        """``jax.jit(factory(ctx, *args))`` run in worker group `group`'s compute, called as
+        `worker.LocalFn` is (``fn(*args)``, ``fn.timed(*args)``)."""
+
+    def warm(self, params: Any, batch: tuple) -> None:
+        """Compile the workers' compute on `batch` (localized, rows) before the clock runs."""
+
+    def check(self, now: bool = False) -> None:
+        """Raise (`segments.StateLost`, or an ``OSError`` whose state is still whole) if a
+        process the run needs died; looks every half second, or at once with `now`."""
+
+    def diagnose(self, e: BaseException) -> BaseException:
+        """The failure to act on: `e`, or the death of a process the run needs that caused it."""
+
+    def fault_counters(self) -> dict:
+        """The summary's counters of the faults survived (restarts, lost pushes)."""
+
+    def close(self) -> None:
+        """Stop every process this placement started (none in-process); safe to repeat."""
+
+
+class InProcess:
+    """Everything in this process: the PS shards (`ps.EmbeddingPS`), each worker's compute
+    (`worker.Worker`; jitted functions as `worker.LocalFn`), and a shared server, which is the
+    object itself. Nothing can die here without the process: no check, no fault counters."""
+
+    tables_here = True
+    stop_saving = (KeyboardInterrupt,)
+
+    def __init__(self, rt: Runtime, name: str):
+        self.rt, self.name = rt, name
+        self._fns: dict = {}
+
+    def make_ps(self, layout, sparse_opt, tables, slots, table_shard, shards, lru):
+        return ps_lib.EmbeddingPS(layout, tables, slots, sparse_opt, table_shard, shards, lru=lru)
+
+    def host(self, cls, factory, *args, dense_grads=False, **proxy):
+        return factory(*args)
+
+    def worker(self, wid, supply, group=None, group_size=1):
+        return Worker(self.rt, wid, supply)
+
+    def remote_fn(self, group, name, factory, *args):
+        key = (name, args)  # the workers of one process share one compiled function
+        if key not in self._fns:
+            self._fns[key] = LocalFn(jax.jit(factory(self.rt, *args)))
+        return self._fns[key]
+
+    def warm(self, params, batch):
+        pass  # the engine compiled this process's functions while it set up
+
+    def check(self, now=False):
+        pass
+
+    def diagnose(self, e):
+        return e
+
+    def fault_counters(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def settle(cfg: Config) -> Config:
+    """`cfg` with its placement settled before the run (`algorithms.run`): ``--backend
+    virtual`` is ``--deterministic`` (the virtual clock, in this process).
+
+    Raises:
+      ValueError: ``--backend ray`` with ``--deterministic``.
+    """
+    backend = cfg.runtime.backend
+    if backend == "ray" and cfg.train.deterministic:
+        raise ValueError("--deterministic runs the roles on the virtual clock in one process; it "
+                         "cannot be combined with --backend ray (drop one of them)")
+    if backend == "virtual":  # the same as --deterministic
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
+    return cfg
+
+
+def choose(cfg: Config, rt: Runtime) -> Placement:
+    """The run's placement, made once: under ``--backend ray`` this starts (or joins) Ray."""
+    if cfg.train.deterministic:
+        return InProcess(rt, "virtual")
+    if cfg.runtime.backend == "ray":
+        from algorithms.runtime.ray_placement import RayPlacement
+
+        return RayPlacement(rt)
+    return InProcess(rt, cfg.runtime.backend)
+
+
+def lost(e: BaseException) -> BaseException:
+    """`e`, or the death of a process of a Ray instance this process started that caused it
+    (outside the roles, where no placement's `check` is polled, the first sign of it is an
+    error of Ray's own)."""
+    ray = sys.modules.get(_RAY)
+    return ray.diagnose(e) if ray is not None else e
+
+
+def shutdown() -> None:
+    """Stop every Ray instance this process started (the safety net of `algorithms.run`)."""
+    ray = sys.modules.get(_RAY)
+    if ray is not None:
+        ray.shutdown()

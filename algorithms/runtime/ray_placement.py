@@ -1,0 +1,85 @@
+"""The engine's placement under ``--backend ray`` (`placement.Placement`; docs/distributed.md).
+
+The embedding PS shards (``ray_ps.py``), each worker group's compute (``ray_workers.py``) and
+the servers the roles share (``ray_wire.Hosted``) are actors of the run's Ray instance
+(``ray_backend.Cluster``); the roles stay in the driver's threads. The instance's vital
+processes are watched: `check` raises when one died (`ray_backend.ControlLost`: the actors still
+hold the state, the run checkpoints it; `segments.StateLost`: it does not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from algorithms.runtime import ray_backend, ray_ps, ray_wire, ray_workers
+from algorithms.runtime.segments import StateLost
+
+Runtime = Any  # `engine.Runtime` (not imported: the engine imports the placement)
+
+
+class RayPlacement:
+    """PS shards, worker groups and hosted servers as Ray actors (see the module docstring).
+
+    Attributes:
+      cluster: the run's `ray_backend.Cluster`.
+      groups: the worker-group actors (`ray_workers.Groups`), made on first use.
+      dense_on_actor: the workers' dense gradients go to a hosted server (GBA's PS0): a
+        worker hands them on as object references, actor to actor.
+    """
+
+    name = "ray"
+    tables_here = False  # each shard's actor draws its own tables
+    stop_saving = (KeyboardInterrupt, ray_ps.PsFailed, ray_backend.ControlLost)
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.cluster = ray_backend.Cluster(rt.cfg.ray, rt.cfg.train.out)
+        self.groups = ray_workers.Groups(rt, self.cluster)
+        self.dense_on_actor = False
+
+    def make_ps(self, layout, sparse_opt, tables, slots, table_shard, shards, lru):
+        # each shard's actor rebuilds the sparse optimizer from the config
+        return ray_ps.RayEmbeddingPS(self.cluster, self.rt.cfg, layout, tables, slots,
+                                     table_shard, shards, lru=lru)
+
+    def host(self, cls, factory, *args, dense_grads=False, **proxy):
+        """``factory(*args)`` built in an actor of its own, behind a `ray_wire.Hosted` proxy;
+        its actor is watched: it holds state that is not restarted."""
+        handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
+                                    resource=self.rt.cfg.ray.ps_resource)
+        self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
+        self.dense_on_actor = self.dense_on_actor or dense_grads
+        return ray_wire.Hosted(handle, cls, **proxy)
+
+    def worker(self, wid, supply, group=None, group_size=1):
+        """A `ray_workers.RayWorker` whose compute runs in group `group`'s actor (default: a
+        process of its own; a group of `group_size` workers gets as many XLA threads)."""
+        return ray_workers.RayWorker(self.rt, wid, supply, wid if group is None else group,
+                                     group_size)
+
+    def remote_fn(self, group, name, factory, *args):
+        return ray_workers.RemoteFn(self.groups, group, name, factory, args)
+
+    def warm(self, params, batch):
+        self.groups.warm_all(params, batch)
+
+    def check(self, now=False):
+        self.cluster.check(now)
+
+    def diagnose(self, e):
+        """`e`, or the death of a vital process that caused it (a role's call to an actor of a
+        dead raylet fails in Ray's own words first)."""
+        if isinstance(e, (StateLost, KeyboardInterrupt)):
+            return e
+        try:
+            self.cluster.check(now=True)
+        except OSError as lost:
+            return lost
+        return e
+
+    def fault_counters(self):
+        return {**self.rt.ps.fault_counters(), "ray_worker_groups": len(self.groups.handles),
+                "ray_worker_respawns": self.groups.respawns}
+
+    def close(self):
+        self.cluster.stop()
