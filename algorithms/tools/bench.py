@@ -15,6 +15,8 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
 3. The SPMD (scripts/bench_spmd.py), host-async runtime (scripts/bench_runtime.py), GBA, LRU,
    Persia and Ray backend (scripts/bench_ray.py: Ray vs threads, scaling, one call's overhead)
    benchmarks.
+   `data` (recjax/tools/bench_data.py), only when named in --sections: text and Parquet to
+   batches against pyarrow's own readers, on a generated 5M-row Criteo file.
 4. `lru_store`: the dynamic-id embedding store (recjax/embeddings/dynamic.py) against a fixed
    numpy table, raw ids per second; for single-core wall rates run it alone under
    `taskset -c 0 python scripts/bench.py --sections lru_store`.
@@ -46,7 +48,7 @@ from recjax.embeddings.dynamic import (
 from recjax.models.config import MODEL_NAMES
 from recjax.models.ops import dense_dot_general
 from recjax.runlog import write_json_atomic
-from recjax.tools import bench_dlrm, bench_spmd, bench_torch
+from recjax.tools import bench_data, bench_dlrm, bench_spmd, bench_torch
 from recjax.train.data import data_workers
 from recjax.train.setup import build
 from recjax.train.step import jit_train_step, resolve_microbatches
@@ -55,7 +57,8 @@ from recjax.train.step import jit_train_step, resolve_microbatches
 # in the order they run: ``bench_NAME(repeats, quick) -> list[dict]``.
 SECTIONS = {"spmd": bench_spmd.bench_spmd, "runtime": bench_runtime.bench_runtime,
             "gba": bench_gba.bench_gba, "lru": bench_lru.bench_lru,
-            "persia": bench_persia.bench_persia, "ray": bench_ray.bench_ray}
+            "persia": bench_persia.bench_persia, "ray": bench_ray.bench_ray,
+            "data": bench_data.bench_data}  # not in the default --sections: 1.2 GB of files
 
 
 def _stream(src, batch_size):
