@@ -20,6 +20,8 @@ per trainer), syncs/sec, bytes moved by syncs and by the embedding PS.
 
 from __future__ import annotations
 
+import numpy as np
+
 from algorithms import sync_rules
 from algorithms.runtime import Collective, Counters, Rendezvous, Replica, RoleSpec, Runtime, Work, Worker
 from algorithms.runtime.ps import SyncPS
@@ -113,6 +115,7 @@ def run(cfg: Config) -> dict:
         return Rendezvous(n, rule.mean) if rule.collective else None
 
     supply = rt.static_shards()
+    syncers: list[Syncer] = []  # every party of a sync, in a fixed order (their BMUF states)
     # under Ray a trainer is one process: its m workers are threads of its actor
     workers = [rt.placement.worker(w, supply, group=w // m, group_size=m) for w in range(n * m)]
     sync_counters = [Counters() for _ in range(n)]
@@ -124,14 +127,29 @@ def run(cfg: Config) -> dict:
             syncer = None
             if foreground and rule.name != "none":
                 syncer = Syncer(rt, rule, replicas[i], i, server, fr_groups[j], w.counters)
+                syncers.append(syncer)
             roles.append(RoleSpec(f"t{i}-worker{j}", worker_role(rt, w, replicas[i], syncer,
                                                                  sc.sync_gap)))
     if not foreground and rule.name != "none":
         shadow_group = group()
         for i in range(n):
             syncer = Syncer(rt, rule, replicas[i], i, server, shadow_group, sync_counters[i])
+            syncers.append(syncer)
             roles.append(RoleSpec(f"t{i}-shadow", shadow_role(syncer, sc.shadow_interval_ms * 1e-3),
                                   foreground=False))
+
+    counters = sync_counters + [w.counters for w in workers]
+    # what a checkpoint keeps beyond the train state (`Runtime.own`): every replica as it is,
+    # wPS, the BMUF states, and the whole run's counters (syncs, sync bytes, iterations), so
+    # an interval's end or a --resume goes on from them instead of from the returned model
+    base = restore_own(rt, replicas, server, syncers)
+
+    def totals() -> tuple[int, int, int]:
+        return (int(base[0]) + sum(c.syncs for c in counters),
+                int(base[1]) + sum(c.sync_bytes for c in counters),
+                int(base[2]) + sum(w.counters.iterations for w in workers))
+
+    rt.own = lambda: own_state(replicas, server, syncers, totals())
 
     def result():
         if sc.return_model == "first":
@@ -142,17 +160,13 @@ def run(cfg: Config) -> dict:
         return (*result(), rt.start_step + sum(w.counters.iterations for w in workers))
 
     def live() -> dict:  # counters over time (metrics.jsonl `counters` records)
-        counters = sync_counters + [w.counters for w in workers]
-        syncs = sum(c.syncs for c in counters)
-        iters = sum(w.counters.iterations for w in workers)
+        syncs, nbytes, iters = totals()
         return {"syncs": syncs, "avg_sync_gap": (iters / syncs) if syncs else None,
-                "sync_bytes": sum(c.sync_bytes for c in counters)}
+                "sync_bytes": nbytes}
 
     sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=live)
-    counters = sync_counters + [w.counters for w in workers]
-    syncs = sum(c.syncs for c in counters)
-    iters = sum(w.counters.iterations for w in workers)
-    secs = max(sched.seconds, 1e-12)
+    syncs, nbytes, iters = totals()  # the whole run's (every interval, every --resume)
+    secs = max(rt.progress.train_seconds + sched.seconds, 1e-12)  # likewise
     extra = {
         "sync_rule": rule.name, "alpha": rule.alpha, "sync_mode": "fr" if foreground else "shadow",
         "sync_gap_k": sc.sync_gap if foreground else None,
@@ -160,8 +174,39 @@ def run(cfg: Config) -> dict:
         "iterations_per_sec": iters / n / secs,
         # Sec. 4.1.1: average sync gap = (iterations/sec) / (syncs/sec), per trainer.
         "avg_sync_gap": (iters / syncs) if syncs else None,
-        "sync_bytes": sum(c.sync_bytes for c in counters),
+        "sync_bytes": nbytes,
         "return_model": sc.return_model,
     }
     params, opt_state = result()
     return rt.finish(params, opt_state, sched, workers, extra)
+
+
+def own_state(replicas: list[Replica], server: SyncPS | None, syncers: list[Syncer],
+              totals: tuple[int, int, int]) -> dict:
+    """The arrays a ShadowSync checkpoint holds beside the train state (which holds the
+    returned model only): each trainer's replica (params, optimizer state), wPS (EASGD), each
+    party's BMUF state, and the run's (syncs, sync bytes, worker iterations)."""
+    out = {"replicas": [(r.params, r.opt_state) for r in replicas],
+           "counters": np.asarray(totals, np.int64)}
+    if server is not None:
+        out["center"] = server.snapshot()
+    if any(s.bmuf is not None for s in syncers):
+        out["bmuf"] = [s.bmuf for s in syncers]
+    return out
+
+
+def restore_own(rt: Runtime, replicas: list[Replica], server: SyncPS | None,
+                syncers: list[Syncer]) -> np.ndarray:
+    """Put back what `own_state` saved with the checkpoint this call starts from; returns the
+    run's counters so far (zeros for a fresh start, or a checkpoint without them, e.g. a sync
+    run's: then every replica starts from its model, as before)."""
+    got = rt.restore_own(own_state(replicas, server, syncers, (0, 0, 0)))
+    if got is None:
+        return np.zeros(3, np.int64)
+    for r, (params, opt_state) in zip(replicas, got["replicas"]):
+        r.params, r.opt_state = params, opt_state
+    if server is not None:
+        server.restore(got["center"])
+    for s, b in zip(syncers, got.get("bmuf", ())):
+        s.bmuf = b
+    return np.asarray(got["counters"])

@@ -41,6 +41,7 @@ GBA's workers take ``B_a``-row entries and M of them are one global step.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -85,6 +86,9 @@ class Runtime:
     def __init__(self, cfg: Config, num_workers: int, batch_size: int = 0):
         self.t0 = time.perf_counter()
         self.cfg, self.ckpt, self.report = cfg, None, None
+        # ``() -> pytree``: the algorithm's own arrays, checkpointed beside the train state
+        # (ShadowSync's replicas); set by the algorithm, read back by `restore_own`
+        self.own: Any = None
         self.num_workers = num_workers
         self.batch_size = batch_size or cfg.train.batch_size
         self.placement = choose(cfg, self)  # under --backend ray this starts Ray
@@ -183,6 +187,19 @@ class Runtime:
                                      self.localize if localize else None)
 
     # -- state -------------------------------------------------------------------------------
+    def restore_own(self, like: Any) -> Any:
+        """The algorithm's own arrays (`own`) saved with the checkpoint this call starts from,
+        structured like `like`; None for a fresh start or a checkpoint without them (another
+        algorithm's, or of another topology: said on stderr)."""
+        if self.ckpt is None or not self.resuming or not self.start_step:
+            return None
+        try:
+            return self.ckpt.restore_extra(self.start_step, like)
+        except ValueError as e:
+            print(f"note: {e}; {self.cfg.train.algo} starts its own state from the train state",
+                  file=sys.stderr, flush=True)
+            return None
+
     def state(self, params: Any, opt_state: Any, step: int) -> TrainState:
         """A consistent `TrainState` at global `step` (call when no role runs)."""
         tables, slots = self.ps.snapshot()

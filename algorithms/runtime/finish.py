@@ -46,6 +46,11 @@ def predictor(rt: Runtime):
     return predict
 
 
+def own(rt: Runtime) -> Any:
+    """The algorithm's own arrays for a checkpoint (`engine.Runtime.own`), or None."""
+    return None if rt.own is None else rt.own()
+
+
 def latest(rt: Runtime, e: StateLost) -> StateLost:
     """`e`, naming the run's latest committed checkpoint (an async save in flight first
     commits)."""
@@ -65,7 +70,7 @@ def save_stopped(rt: Runtime, snapshot, workers: list[Worker], why: str) -> None
     if rt.report.stopper is not None:  # the best so far goes on after a --resume
         rt.progress.early_stop = rt.report.stopper.state()
     contract.save(rt.ckpt, rt.cfg, rt.state(params, opt_state, step), rt.progress,
-                  time.perf_counter() - rt.t0, interrupted=True)
+                  time.perf_counter() - rt.t0, own(rt), interrupted=True)
     print(f"{why} at step {step}; checkpoint in {rt.cfg.train.out}")
 
 
@@ -109,7 +114,7 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     if report.stopper is not None:
         rt.progress.early_stop = report.stopper.state()
     if rt.ckpt is not None:
-        contract.save(rt.ckpt, cfg, state, rt.progress, wall)
+        contract.save(rt.ckpt, cfg, state, rt.progress, wall, own(rt))
         rt.ckpt.close()
     if not at_end:
         report.boundary(step, sched.seconds, ev, extra)

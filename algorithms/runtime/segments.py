@@ -128,9 +128,12 @@ def run_in_segments(run: Callable[[Config], dict], cfg: Config) -> dict:
     stopped (a step boundary, nothing in flight), and checkpoints there (`Runtime.finish`); the
     next call goes on from it exactly as ``--resume`` would. A run with checkpoints is thus the
     chain of its own resumptions, and with ``--deterministic`` a run killed at any moment and
-    resumed equals the uninterrupted one bit for bit. What lives only in the roles restarts at
-    each checkpoint, as on every ``--resume``: ShadowSync's replicas from their mean, the
-    virtual clock and the links from zero; summary counters cover the last interval.
+    resumed equals the uninterrupted one bit for bit. What an algorithm keeps beyond the train
+    state goes into the checkpoint with it (`Runtime.own`: ShadowSync's replicas, wPS, BMUF
+    states and its counters), so the next interval goes on from it as it was; what lives only
+    in the roles restarts at each checkpoint, as on every ``--resume``: the virtual clock and
+    the links from zero, FR's sync-gap count, and the counters of async, GBA and Persia, which
+    cover the last interval.
 
     Signals: in threads the first SIGINT/SIGTERM stops the roles and checkpoints their state
     (`Runtime.execute`); on the virtual clock it lets the interval finish and checkpoint, and a
