@@ -21,6 +21,7 @@ from recjax.data.columnar import ParquetSource
 from recjax.data.convert import convert
 from recjax.data.pipeline import batches, holdout_split
 from recjax.data.sources import open_source
+from recjax.registry import NAMES
 from tests.conftest import ROOT, data_path
 
 SAMPLES = [("criteo", "criteo_kaggle_8k/train.tsv"), ("criteo", "criteo_kaggle_8k/valid.tsv"),
@@ -320,6 +321,19 @@ def test_train_reads_parquet(tmp_path, converted):
                  str(tmp_path / "run"), "--no-progress"]) == 0
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["steps"] == 3 and "hold-out" in s["eval_dataset"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", NAMES)
+def test_every_algorithm_trains_from_parquet(tmp_path, converted, algo):
+    from algorithms.train_main import main
+
+    _, d = converted("avazu", "avazu_9k/train.csv")
+    assert main(["--config", "smoke", "--model", "fm", "--algo", algo, "--data", f"parquet:{d}",
+                 "--steps", "4", "--batch-size", "256", "--data.hash_buckets=1024", "--out",
+                 str(tmp_path / "run"), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["steps"] == 4 and s["dataset"] == f"parquet:{d}"
 
 
 def test_convert_script_reports_a_bad_line(tmp_path):

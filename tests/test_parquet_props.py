@@ -93,7 +93,7 @@ def criteo_file(draw) -> bytes:
     hexes = st.text("0123456789abcdef", max_size=10).map(str.encode)
     ints = st.one_of(st.just(b""), st.integers(-5, 10**12).map(lambda v: b"%d" % v))
     lines = []
-    for _ in range(draw(st.integers(1, 12))):
+    for _ in range(draw(st.integers(1, 8))):  # 40 fields a line: drawing them is the test's cost
         ok = draw(clean)
         label = draw(st.sampled_from([b"0", b"1"] if ok else [b"1", b"x"]))
         dense = [draw(ints) for _ in range(13)]
@@ -103,7 +103,7 @@ def criteo_file(draw) -> bytes:
     return b"\n".join(lines) + b"\n"
 
 
-@PROPS
+@settings(PROPS, max_examples=40)
 @given(criteo_file(), st.integers(1, 2**31 - 1))
 def test_criteo_hex_of_any_length(data, buckets):
     _round_trip("criteo", data, options=[{"hash_buckets": buckets}, {"raw_ids": True}])
