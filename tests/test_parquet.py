@@ -158,6 +158,19 @@ def test_inputs_of_two_schemas_are_refused(tmp_path):
     assert not os.listdir(tmp_path)  # nothing left behind, not even the partial folder
 
 
+def test_a_source_pickles_and_only_text_converts(converted, tmp_path):
+    """A source crosses to another process without its open files (it reopens them); the
+    converter reads text kinds only."""
+    import pickle
+
+    _, d = converted("criteo", "criteo_kaggle_8k/valid.tsv")
+    src = open_source(f"parquet:{d}")
+    list(src.chunks())
+    assert_same_chunks(src, pickle.loads(pickle.dumps(src)))
+    with pytest.raises(ValueError, match="the converter reads text"):
+        convert([f"parquet:{d}"], str(tmp_path / "again"))
+
+
 # ----------------------------------------------------------------------------- bad text
 
 

@@ -208,6 +208,9 @@ class ParquetSource:
     def num_rows(self) -> int:
         return int(self.manifest["rows"])
 
+    def __getstate__(self) -> dict:  # open files stay behind; another process opens its own
+        return {**self.__dict__, "_open_files": {}}
+
     def _check_multi_hot_len(self, multi_hot_len: int) -> int:
         multi = [f.name for f in self.layout.fields if f.multi_hot]
         if not multi:

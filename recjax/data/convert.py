@@ -29,6 +29,7 @@ from recjax.batch import Chunk
 from recjax.data.base import DataError, all_skipped_error
 from recjax.data.columnar import FORMAT, MANIFEST, VERSION, Layout, StoredField, part_name
 from recjax.data.hashing import CategoricalIds, TokenCapture
+from recjax.data.readers import TextSource
 from recjax.data.sources import open_source
 
 ROWS_PER_GROUP = 1 << 17  # 131,072: ~25 MB of Criteo columns; two default chunks of a run
@@ -76,7 +77,8 @@ def convert(specs: list[str], out: str, *, rows_per_group: int = ROWS_PER_GROUP,
         for i, spec in enumerate(specs):
             t0 = time.perf_counter()
             rec, this = _convert_one(spec, os.path.join(tmp, part_name(i)), first_row,
-                                     rows_per_group, skip_bad_lines, multi_hot_len, compression)
+                                     rows_per_group, skip_bad_lines, multi_hot_len, compression,
+                                     log)
             if layout is None:
                 layout = this
             elif this != layout:
@@ -112,8 +114,8 @@ def convert(specs: list[str], out: str, *, rows_per_group: int = ROWS_PER_GROUP,
 
 
 def _convert_one(spec: str, path: str, first_row: int, rows_per_group: int,
-                 skip_bad_lines: bool, multi_hot_len: int, compression: str
-                 ) -> tuple[dict, Layout]:
+                 skip_bad_lines: bool, multi_hot_len: int, compression: str,
+                 log: Callable[[str], None] | None) -> tuple[dict, Layout]:
     """Write one input to `path`; its manifest record and its layout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -122,6 +124,9 @@ def _convert_one(spec: str, path: str, first_row: int, rows_per_group: int,
     # had more, so a run counts truncated examples exactly, as the text reader does.
     keep = multi_hot_len + 1
     probe = open_source(spec, raw_ids=True, multi_hot_len=keep)
+    if not isinstance(probe, TextSource):
+        raise ValueError(f"{spec}: the converter reads text (criteo:, criteo-csv:, avazu:, frappe:, "
+                         "movielens:, taobao:), not this kind")
     per_row = probe.spec.n_fields * probe.spec.max_len * 12  # i64 ids + f32 mask
     chunk_rows = max(4096, min(rows_per_group, _CHUNK_BYTES // max(per_row, 1)))
     source = open_source(spec, raw_ids=True, multi_hot_len=keep, chunk_rows=chunk_rows,
@@ -144,6 +149,8 @@ def _convert_one(spec: str, path: str, first_row: int, rows_per_group: int,
                 table = pa.concat_tables(pending)
                 writer.write_table(table.slice(0, rows_per_group), row_group_size=rows_per_group)
                 groups.append(rows_per_group)
+                if log and len(groups) % 32 == 0:
+                    log(f"  {spec}: {sum(groups):,} rows written")
                 rest = table.slice(rows_per_group)
                 pending, n_pending = ([rest] if rest.num_rows else []), rest.num_rows
         err = all_skipped_error(source.path, source.stats)
