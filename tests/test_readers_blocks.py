@@ -20,7 +20,7 @@ from recjax.data.base import DataError
 from recjax.data.criteo import CriteoSource
 from recjax.data.sources import open_source
 
-PROPS = settings(database=None, derandomize=True, deadline=None, max_examples=150)
+PROPS = settings(database=None, derandomize=True, deadline=None, max_examples=100)
 
 edge_ints = st.sampled_from([b"", b"0", b"-0", b"007", b"-1", b"9223372036854775807",
                              b"-9223372036854775808", b"9223372036854775808", b"+1", b"0x1",
