@@ -219,9 +219,11 @@ class ParquetSource:
             raise ValueError(f"multi_hot_len must be >= 2 for {multi[0]}, got {multi_hot_len}")
         cut = {k: v for k, v in self.manifest["truncated"].items() if v}
         if multi_hot_len > self.layout.multi_hot_len and cut:
+            cuts = ", ".join(f"{n} of {k}" for k, n in cut.items())
             raise DataError(self.path, None, multi[0], f"multi_hot_len {multi_hot_len} asks for "
                             f"more ids than were kept: the conversion kept "
-                            f"{self.layout.multi_hot_len} per example and cut {cut} examples",
+                            f"{self.layout.multi_hot_len} per example and cut longer lists "
+                            f"({cuts} examples)",
                             f"Use --data.multi_hot_len <= {self.layout.multi_hot_len}, or "
                             "convert again with a larger --multi-hot-len")
         return multi_hot_len
