@@ -51,7 +51,7 @@ import functools
 import threading
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax
 import numpy as np
@@ -71,40 +71,62 @@ from recjax.config import Config
 from recjax.train.setup import make_dense_tx
 from recjax.train.step import apply_dense
 
+WaitsFor = Literal["nothing", "step", "slowest"]
+Drops = Literal["nothing", "late", "stale"]
+
 
 @dataclasses.dataclass(frozen=True)
 class ModeRule:
-    """What a ``--gba.mode`` waits for, when it aggregates and what it drops (one row of `MODES`;
-    `GbaServer` reads the row, never the mode's name).
+    """What a ``--gba.mode`` waits for, when it aggregates and what it drops: one row of `MODES`.
+    `plan` and `GbaServer` read the row, never the mode's name (tests/test_mode_tables.py).
 
     Attributes:
-      aggregate: gradients per update from ``(M, N, gba config)``.
-      gate: when a worker may take its next batch: ``free``; ``per_step``, one gradient per
-        worker per global step (it waits for k to pass the version it pulled); ``bounded``, at
-        most ``b1`` batches ahead of the slowest active worker.
-      waits_for_all: the aggregate counts the N workers, so a lost worker lowers it.
-      current_only: only gradients computed at the current k count towards an update, and a
-        gradient of an earlier k arrives too late and is dropped (backup workers).
-      eq1: GBA's own rules: Eq. 1's token drop (``iota``) and the options
-        ``dense_mean=kept`` and ``embedding_staleness=id``.
+      waits_for: what a worker waits for before it takes its next batch (`GbaServer.may_start`):
+        ``nothing``; ``step``, the global step after the one it pulled (one gradient per worker
+        per step); ``slowest``, the slowest active worker, once ``b1`` batches ahead of it.
+      aggregates: gradients per update from ``(M, N, gba config)``: the PS aggregates when its
+        buffer holds that many (`GbaServer._ready`; of gradients computed at k where `drops` is
+        ``late``).
+      per_worker: `aggregates` counts the N workers, so a lost worker lowers it
+        (`GbaServer.lose`).
+      drops: what the PS drops: ``nothing``; ``late``, a gradient pulled before k, whose round
+        closed without it (`GbaServer.push`), and only gradients at k count towards an update;
+        ``stale``, Eq. 1's ``k - t > iota`` on the dense part, with GBA's own options
+        ``dense_mean=kept`` and ``embedding_staleness=id`` (App. B Alg. 2 l. 20-23;
+        `GbaServer._apply`).
+      paper: where the paper defines the mode.
     """
 
-    aggregate: Callable[[int, int, Any], int]
-    gate: str = "free"
-    waits_for_all: bool = False
-    current_only: bool = False
-    eq1: bool = False
+    waits_for: WaitsFor
+    aggregates: Callable[[int, int, Any], int]
+    per_worker: bool = False
+    drops: Drops = "nothing"
+    paper: str = ""
+
+    def __post_init__(self):
+        for field, kind in (("waits_for", WaitsFor), ("drops", Drops)):
+            if getattr(self, field) not in get_args(kind):
+                raise ValueError(f"ModeRule.{field}={getattr(self, field)!r}: one of "
+                                 f"{get_args(kind)}")
 
 
 # Sec. 5.1's baselines on GBA's PS (module docstring); the keys are config_async.GBA_MODES.
 MODES: dict[str, ModeRule] = {
-    "gba": ModeRule(lambda m, n, gc: m, eq1=True),
-    "sync": ModeRule(lambda m, n, gc: n, gate="per_step", waits_for_all=True),
-    "async": ModeRule(lambda m, n, gc: 1),
-    "hop_bs": ModeRule(lambda m, n, gc: n, gate="bounded", waits_for_all=True),
-    "bsp": ModeRule(lambda m, n, gc: gc.b2 or n),
-    "hop_bw": ModeRule(lambda m, n, gc: n - gc.b3, gate="per_step", waits_for_all=True,
-                       current_only=True),
+    "gba": ModeRule("nothing", lambda m, n, gc: m, drops="stale",
+                    paper="Sec. 4.1 (buffer of M = B_s N_s / B_a), Eq. 1, App. B Alg. 2"),
+    "sync": ModeRule("step", lambda m, n, gc: n, per_worker=True,
+                     paper="Sec. 3.1 (synchronous training: every worker's gradient, one version)"),
+    "async": ModeRule("nothing", lambda m, n, gc: 1,
+                      paper="Sec. 3.1 (asynchronous PS training: each gradient applied alone)"),
+    "hop_bs": ModeRule("slowest", lambda m, n, gc: n, per_worker=True,
+                       paper="Sec. 5.1 (Hop-BS: fastest-slowest version gap bounded by b1), "
+                             "Table 5.1"),
+    "bsp": ModeRule("nothing", lambda m, n, gc: gc.b2 or n,
+                    paper="Sec. 5.1 (BSP: b2 gradients per update, whatever their version), "
+                          "Table 5.1"),
+    "hop_bw": ModeRule("step", lambda m, n, gc: n - gc.b3, per_worker=True, drops="late",
+                       paper="Sec. 5.1 (Hop-BW: the b3 slowest workers' gradients ignored in "
+                             "each aggregation), Table 5.1"),
 }
 
 
@@ -117,8 +139,7 @@ class Plan:
       workers: N_a.
       local_batch: B_a.
       m: M, data-list entries per global step (global batch = M x B_a = train.batch_size).
-      aggregate: gradients per update (gba: M; sync, hop_bs: N; bsp: b2; hop_bw: N - b3;
-        async: 1).
+      aggregate: gradients per update (the mode's `ModeRule.aggregates`).
     """
 
     mode: str
@@ -145,7 +166,7 @@ def plan(cfg: Config) -> Plan:
         raise ValueError(f"gba: M x B_a = {m} x {b_a} = {m * b_a} differs from train.batch_size="
                          f"{g}; the global batch must stay the sync run's (Sec. 4.1)")
     n = gc.workers or m
-    agg = MODES[gc.mode].aggregate(m, n, gc)
+    agg = MODES[gc.mode].aggregates(m, n, gc)
     if agg < 1:  # hop_bw's backup workers are the only way there
         raise ValueError(f"gba.b3={gc.b3} backup workers leave no gradient of {n} workers to "
                          "aggregate; use b3 < gba.workers")
@@ -217,7 +238,8 @@ class GbaServer:
     def __init__(self, rt: Runtime, p: Plan, params: Any, opt_state: Any):
         self.rt, self.p, self.gc = rt, p, rt.cfg.gba
         self.rule = rule = MODES[p.mode]
-        self.per_id = rule.eq1 and self.gc.embedding_staleness == "id"  # App. B's row drop
+        # App. B's row drop: Eq. 1 per id, an option of GBA's own rule
+        self.per_id = rule.drops == "stale" and self.gc.embedding_staleness == "id"
         self.params, self.opt_state = params, opt_state
         self.version = rt.start_step  # k: updates applied, counted on from the checkpoint
         self.signal = Signal("gba-ps")
@@ -238,13 +260,13 @@ class GbaServer:
 
     # -- the workers' side ------------------------------------------------------------------
     def may_start(self, wid: int) -> bool:
-        """Whether worker `wid` may take its next batch (the mode's `ModeRule.gate`)."""
+        """Whether worker `wid` may take its next batch (the mode's `ModeRule.waits_for`)."""
         if self.exhausted:
             return True
-        gate = self.rule.gate
-        if gate == "per_step":  # one gradient per worker per global step
+        waits_for = self.rule.waits_for
+        if waits_for == "step":  # one gradient per worker per global step
             return self.version > self.pulled[wid]
-        if gate == "bounded":  # at most b1 batches ahead of the slowest active worker
+        if waits_for == "slowest":  # at most b1 batches ahead of the slowest active worker
             return self.pushed[wid] - min((self.pushed[v] for v in self.active),
                                           default=self.pushed[wid]) <= self.gc.b1
         return True
@@ -269,7 +291,7 @@ class GbaServer:
         with self._lock:
             self.active.discard(wid)
             self.lost.append(wid)
-            if self.rule.waits_for_all and self.aggregate > 1:
+            if self.rule.per_worker and self.aggregate > 1:
                 self.aggregate -= 1
                 if self.buffer and self._ready():  # the others may all be waiting for it
                     self._apply(self.buffer)
@@ -280,7 +302,7 @@ class GbaServer:
         """Buffer `g`; apply an update when the mode's rule says so (Alg. 2, push threads)."""
         with self._lock:
             self.pushed[g.wid] += 1
-            if self.rule.current_only and g.version < self.version:  # round closed: a backup
+            if self.rule.drops == "late" and g.version < self.version:  # round closed: a backup
                 self.stats.dropped += 1
                 self.accounted += 1
             else:
@@ -291,8 +313,8 @@ class GbaServer:
         self.signal.notify()
 
     def _ready(self) -> bool:
-        """Whether the buffer makes an update (`ModeRule.current_only`: of gradients at k)."""
-        if self.rule.current_only:
+        """Whether the buffer makes an update (`ModeRule.drops` ``late``: of gradients at k)."""
+        if self.rule.drops == "late":
             return sum(x.version == self.version for x in self.buffer) >= self.aggregate
         return len(self.buffer) >= self.aggregate
 
@@ -316,7 +338,7 @@ class GbaServer:
         """One update from `entries` (Eq. 1 and Alg. 2 l. 17-23); k += 1."""
         rt, gc, k = self.rt, self.gc, self.version
         entries = sorted(entries, key=lambda e: e.index)  # summation order: deterministic
-        if self.rule.eq1:
+        if self.rule.drops == "stale":
             keep = [k - e.token <= gc.iota for e in entries]  # Eq. 1: f = 0 when k - t > iota
         else:
             keep = [True] * len(entries)
@@ -327,7 +349,8 @@ class GbaServer:
         for e in kept:
             self.stats.dense_staleness[k - e.version] += 1
         if kept:
-            denom = len(kept) if (self.rule.eq1 and gc.dense_mean == "kept") else len(entries)
+            kept_only = self.rule.drops == "stale" and gc.dense_mean == "kept"
+            denom = len(kept) if kept_only else len(entries)
             total = kept[0].dense
             for e in kept[1:]:
                 total = _tree_add(total, e.dense)

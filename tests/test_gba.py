@@ -310,8 +310,12 @@ def test_every_mode_is_a_row_of_the_rule_table():
     from recjax.config_async import GBA_MODES
 
     assert tuple(gba.MODES) == GBA_MODES
-    # GBA's own rules belong to gba alone; the others are Sec. 5.1's baselines
-    assert [m for m, r in gba.MODES.items() if r.eq1] == ["gba"]
+    # GBA's own rules (Eq. 1) belong to gba alone; the others are Sec. 3.1 / 5.1's baselines
+    assert [m for m, r in gba.MODES.items() if r.drops == "stale"] == ["gba"]
+    # each row says where the paper defines it; a misspelt rule fails when the table is built
+    assert all(r.paper.startswith("Sec.") for r in gba.MODES.values())
+    with pytest.raises(ValueError, match="waits_for='per_step'"):
+        gba.ModeRule("per_step", lambda m, n, gc: n)
 
 
 def _update_of(staleness, tagged_at=4):
