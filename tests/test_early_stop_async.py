@@ -24,6 +24,7 @@ from recjax.train import contract
 from recjax.train.data import open_data
 from recjax.train.setup import build
 from recjax.train.step import jit_predict
+from tests.test_features_early_stop import _scripted
 
 
 def _cfg(tmp_path, algo, **train):
@@ -34,17 +35,6 @@ def _cfg(tmp_path, algo, **train):
             "algo": algo, "steps": 32, "batch_size": 64, "eval_every": 4, "progress": False,
             "deterministic": True, "eval_batch_size": 512, "out": str(tmp_path / "run"),
             "log_every": 4, **train}))
-
-
-def _scripted(monkeypatch, aucs):
-    """contract.evaluate with its AUC replaced by the next value of `aucs` (its logloss kept)."""
-    real, it = contract.evaluate, iter(aucs)
-
-    def fake(*a, **k):
-        ev, preds = real(*a, **k)
-        return {**ev, "auc": next(it)}, preds
-
-    monkeypatch.setattr(contract, "evaluate", fake)
 
 
 def _records(cfg, kind):

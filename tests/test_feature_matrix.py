@@ -26,9 +26,9 @@ from recjax.checkpoint import Checkpointer
 from recjax.config import DenseOptimConfig
 from recjax.data.synthetic import SyntheticSource
 from recjax.models.config import ModelConfig
-from recjax.train import contract
 from recjax.train.setup import build
 from tests.runtime_util import assert_trees, small_cfg
+from tests.test_features_early_stop import _scripted
 
 pytestmark = pytest.mark.slow  # ~45 short runs: make test-all
 
@@ -42,16 +42,6 @@ def _cfg(tmp_path, algo, name="run", dense=("adam", 1e-3), **train):
     if algo == "des":  # DES has no substitution for DLRM's interaction (sharding/des.py)
         cfg = dataclasses.replace(cfg, model=ModelConfig.smoke("deepfm"))
     return cfg
-
-
-def _scripted(monkeypatch, aucs):
-    real, it = contract.evaluate, iter(aucs)
-
-    def fake(*a, **k):
-        ev, preds = real(*a, **k)
-        return {**ev, "auc": next(it)}, preds
-
-    monkeypatch.setattr(contract, "evaluate", fake)
 
 
 def _tfrecord_steps(directory: str, tag: str) -> list[int]:
