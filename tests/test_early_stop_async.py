@@ -103,3 +103,9 @@ def test_keep_best_runs_to_the_end_and_counts_the_final_eval(tmp_path, monkeypat
     assert (summary["steps"], summary["early_stopped"]) == (32, False)
     assert (summary["best_step"], summary["best_metric"]) == (32, 0.8)
     assert Checkpointer(os.path.join(cfg.train.out, "best")).all_steps() == [32]
+    # its Train NE sums are the run's 32 steps, once (not the last call's twice)
+    _, _, _, like = build(cfg, open_data(cfg).spec)
+    best = Checkpointer(os.path.join(cfg.train.out, "best"))
+    _, meta = best.restore(jax.tree.map(np.asarray, like), 32)
+    best.close()
+    assert meta["progress"]["totals"]["count"] == 32 * 64 == summary["train_examples_scored"]

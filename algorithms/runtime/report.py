@@ -220,20 +220,22 @@ class Reporter:
                                          else rt.ps.snapshot()[0])
         ev, preds = contract.evaluate(rt.cfg, rt.data, predictor(rt), params, tables)
         self.writer.write({"kind": "eval", "step": s, **ev})
-        if self.track(s, ev, state, preds):
+        if self.track(s, ev, state):
             self.early = (state, ev, preds)
 
-    def track(self, step: int, ev: dict, state, preds=None) -> bool:
+    def track(self, step: int, ev: dict, state, progress=None) -> bool:
         """Hand an eval to the early stopper: an improving one writes `state` (a `TrainState`
-        at `step`) to out/best/; True when the run is to stop here (the stopper's patience ran
-        out). Without early stopping or keep_best: False."""
+        at `step`) to out/best/ with `progress` (default: the run's so far plus the batches of
+        this call's completed iterations); True when the run is to stop here (the stopper's
+        patience ran out). Without early stopping or keep_best: False."""
         st = self.stopper
         if st is None:
             return False
         if st.update(step, ev):
-            progress = copy.deepcopy(self.rt.progress)  # the Train NE sums up to `step`
-            if step > self.rt.start_step and self.workers:
-                progress.add(totals(self.workers, completed=True))
+            if progress is None:  # mid-call: rt.progress has not taken this call's sums yet
+                progress = copy.deepcopy(self.rt.progress)
+                if step > self.rt.start_step and self.workers:
+                    progress.add(totals(self.workers, completed=True))
             st.save_best(lambda ckpt: contract.save(ckpt, self.rt.cfg, state, progress,
                                                     time.perf_counter() - self.rt.t0))
         if st.should_stop:
