@@ -303,3 +303,32 @@ def test_a_state_without_tables_restores_a_checkpoint_with_them(tmp_path):
     finally:
         ckpt.close()
     assert_trees((got.tables, got.slots), (full.tables, full.slots), rtol=0, atol=0)
+
+
+def test_a_signal_while_the_roles_start_stops_them_cleanly(monkeypatch):
+    """SIGTERM between two threads' starts (a role made 20 pushes before the last thread was
+    spawned, under load): the run stops as on any signal (KeyboardInterrupt, the started roles
+    ended, no more started), where `ThreadGroup.spawn` used to raise 'thread group is
+    stopped'."""
+    closed, ran = [], []
+
+    def role(i):
+        ran.append(i)
+        try:
+            while True:
+                yield Work(seconds=0.0, pause=0.01)
+        finally:
+            closed.append(i)
+
+    group = ThreadGroup("t")
+    spawn = group.spawn
+
+    def spawn_then_signal(*a, **k):
+        t = spawn(*a, **k)
+        os.kill(os.getpid(), signal.SIGTERM)  # after the first start, before the others
+        return t
+
+    monkeypatch.setattr(group, "spawn", spawn_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        run_threaded([RoleSpec(f"r{i}", role(i)) for i in range(4)], group)
+    assert ran == closed == [0]  # the one started ended; the others never started

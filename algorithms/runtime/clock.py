@@ -325,10 +325,15 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
     t0 = time.perf_counter()
     lost: list[str] = []
     with _signals_stop(group.stop) as signals:
-        threads = [group.spawn(_drive, r.role, group.stop, emulate_links, r.name, lost,
-                               name=r.name) for r in roles]
+        started: list[tuple[threading.Thread, RoleSpec]] = []
         try:
-            group.wait([t for t, r in zip(threads, roles) if r.foreground], on_poll=on_poll)
+            for r in roles:
+                if group.stop.is_set():  # a signal, or a failed role, while starting: no more
+                    r.role.close()
+                    continue
+                started.append((group.spawn(_drive, r.role, group.stop, emulate_links, r.name,
+                                            lost, name=r.name), r))
+            group.wait([t for t, r in started if r.foreground], on_poll=on_poll)
             seconds = time.perf_counter() - t0
         finally:
             left = group.close()
