@@ -325,14 +325,9 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
     t0 = time.perf_counter()
     lost: list[str] = []
     with _signals_stop(group.stop) as signals:
-        started: list[tuple[threading.Thread, RoleSpec]] = []
-        try:
-            for r in roles:
-                if group.stop.is_set():  # a signal, or a failed role, while starting: no more
-                    r.role.close()
-                    continue
-                started.append((group.spawn(_drive, r.role, group.stop, emulate_links, r.name,
-                                            lost, name=r.name), r))
+        try:  # a stop (a signal, a failed role) while the threads start: start no more
+            started = [(group.spawn(_drive, r.role, group.stop, emulate_links, r.name, lost,
+                                    name=r.name), r) for r in roles if not group.stop.is_set()]
             group.wait([t for t, r in started if r.foreground], on_poll=on_poll)
             seconds = time.perf_counter() - t0
         finally:
