@@ -238,12 +238,7 @@ class Checkpointer:
           CheckpointCorruptError: `step`, or (without `step`) every checkpoint, is damaged.
         """
         if step is not None:
-            try:
-                return self._read(step, like)
-            except _Damaged as e:
-                self._bad[step] = str(e)
-                raise CheckpointCorruptError(
-                    f"checkpoint step {step} in {self.directory} is damaged: {e}") from None
+            return self._or_corrupt(step, self._read, like)
         steps = self.all_steps()[::-1]
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}; nothing to resume "
@@ -269,15 +264,27 @@ class Checkpointer:
           ValueError: its arrays do not match `like` (e.g. another number of replicas).
           CheckpointCorruptError: its bytes fail their checksums or cannot be read.
         """
+        return self._or_corrupt(step, self._read_extra, like)
+
+    def close(self) -> None:
+        self._mngr.close()
+
+    def _or_corrupt(self, step: int, read, like: Any) -> Any:
+        """``read(step, like)``, a damaged step marked bad and raised as CheckpointCorruptError."""
         try:
-            return self._read_extra(step, like)
+            return read(step, like)
         except _Damaged as e:
             self._bad[step] = str(e)
             raise CheckpointCorruptError(
                 f"checkpoint step {step} in {self.directory} is damaged: {e}") from None
 
-    def close(self) -> None:
-        self._mngr.close()
+    def _meta(self, step: int) -> dict:
+        """The JSON metadata of `step`; `_Damaged` if it cannot be read."""
+        try:
+            return dict(self._mngr.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore())).meta)
+        except Exception as e:
+            raise _Damaged(f"its metadata cannot be read: {_first_line(e)}") from e
 
     @staticmethod
     def _abstract(like: Any, host: bool) -> Any:
@@ -293,11 +300,7 @@ class Checkpointer:
 
     def _read_extra(self, step: int, like: Any, host: bool = False) -> Any:
         """The verified `extra` of `step` (None if it has none); `_Damaged` on bad bytes."""
-        try:
-            meta = dict(self._mngr.restore(step, args=ocp.args.Composite(
-                meta=ocp.args.JsonRestore())).meta)
-        except Exception as e:
-            raise _Damaged(f"its metadata cannot be read: {_first_line(e)}") from e
+        meta = self._meta(step)
         integrity = meta.get("integrity")
         record = integrity.get("extra_arrays") if isinstance(integrity, dict) else None
         if record is None:
@@ -313,10 +316,7 @@ class Checkpointer:
         except Exception as e:
             raise _Damaged(f"an array file of its algorithm state cannot be read: "
                            f"{_first_line(e)}") from e
-        bad = [r[0] for r, crc in zip(record, checksums(extra)) if r[3] != crc]
-        if bad:
-            raise _Damaged(f"checksum mismatch in the algorithm state's {bad[0]}"
-                           + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+        _check_sums(record, extra, "the algorithm state's ")
         return extra
 
     def _read(self, step: int, like: Any, host: bool = False) -> tuple[Any, dict]:
@@ -325,11 +325,7 @@ class Checkpointer:
         Raises:
           ValueError: another model or data schema; _Damaged: unreadable or wrong bytes.
         """
-        try:
-            meta = dict(self._mngr.restore(step, args=ocp.args.Composite(
-                meta=ocp.args.JsonRestore())).meta)
-        except Exception as e:
-            raise _Damaged(f"its metadata cannot be read: {_first_line(e)}") from e
+        meta = self._meta(step)
         record = _integrity_record(meta.pop("integrity", None))
         if record is None and not self.unverified:
             # every step this version writes has one: its absence is damage or tampering (a
@@ -350,10 +346,7 @@ class Checkpointer:
                                                 "is damaged)")) from e
             raise _Damaged(f"an array file cannot be read: {_first_line(e)}") from e
         if record is not None:
-            bad = [r[0] for r, crc in zip(record, checksums(state)) if r[3] != crc]
-            if bad:
-                raise _Damaged(f"checksum mismatch in {bad[0]}"
-                               + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+            _check_sums(record, state)
         self._good.add(step)
         return state, meta
 
@@ -409,6 +402,14 @@ def _integrity_record(integrity: Any) -> list[list] | None:
                        for r in record)):
         raise _Damaged("its integrity record is malformed (damaged or edited)")
     return record
+
+
+def _check_sums(record: list[list], tree: Any, what: str = "") -> None:
+    """`_Damaged` naming the arrays of `tree` whose CRC differs from the `record`'s."""
+    bad = [r[0] for r, crc in zip(record, checksums(tree)) if r[3] != crc]
+    if bad:
+        raise _Damaged(f"checksum mismatch in {what}{bad[0]}"
+                       + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
 
 
 def _spec_diff(saved: list[list], mine: list[list]) -> str:
