@@ -41,7 +41,6 @@ GBA's workers take ``B_a``-row entries and M of them are one global step.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from typing import Any
 
@@ -58,7 +57,7 @@ from algorithms.runtime.watchdog import Watchdog
 from algorithms.runtime.worker import Worker, make_grads, mini_layout, with_vocab
 from recjax.concurrency import ThreadGroup
 from recjax.config import Config
-from recjax.train import signals
+from recjax.train import contract, signals
 from recjax.train.setup import build, check_memory, init_scale, make_model
 from recjax.train.step import Model, TrainState, apply_dense
 
@@ -191,14 +190,9 @@ class Runtime:
         """The algorithm's own arrays (`own`) saved with the checkpoint this call starts from,
         structured like `like`; None for a fresh start or a checkpoint without them (another
         algorithm's, or of another topology: said on stderr)."""
-        if self.ckpt is None or not self.resuming or not self.start_step:
+        if not self.resuming:
             return None
-        try:
-            return self.ckpt.restore_extra(self.start_step, like)
-        except ValueError as e:
-            print(f"note: {e}; {self.cfg.train.algo} starts its own state from the train state",
-                  file=sys.stderr, flush=True)
-            return None
+        return contract.restore_extra(self.ckpt, self.start_step, like, self.cfg.train.algo)
 
     def state(self, params: Any, opt_state: Any, step: int) -> TrainState:
         """A consistent `TrainState` at global `step` (call when no role runs)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 from typing import Any
 
 import jax
@@ -307,6 +308,21 @@ def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
             + "Lower the learning rates (--dense.lr, --sparse.lr) or add --dense.clip_norm")
     ckpt.save(step, state, {"config": cfg.to_dict(), "progress": progress.as_dict(wall_now),
                             **meta}, extra)
+
+
+def restore_extra(ckpt: Checkpointer | None, step: int, like: Any, who: str) -> Any:
+    """An algorithm's own arrays saved with the checkpoint at `step` (`Checkpointer.save`'s
+    ``extra``), structured like `like`; None for a fresh start (no checkpoint, step 0) or a
+    checkpoint without them, or with others (another topology: said on stderr, and `who`
+    starts its own state from the train state)."""
+    if ckpt is None or not step:
+        return None
+    try:
+        return ckpt.restore_extra(step, like)
+    except ValueError as e:
+        print(f"note: {e}; {who} starts its own state from the train state", file=sys.stderr,
+              flush=True)
+        return None
 
 
 def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:

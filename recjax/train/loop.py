@@ -10,7 +10,6 @@ XLA:CPU's deterministic kernels this makes resumed runs bitwise equal to uninter
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -72,11 +71,8 @@ def restore_extra(strategy, ckpt, state: TrainState):
     (no such strategy, a fresh run, a checkpoint without them, or of another shape)."""
     if ckpt is None or int(state.step) == 0 or not hasattr(strategy, "extra"):
         return None
-    try:
-        return ckpt.restore_extra(int(state.step), strategy.extra_like(state))
-    except ValueError as e:  # e.g. another number of replicas: the strategy starts them afresh
-        print(f"note: {e}; {strategy.name} starts its own state afresh", file=sys.stderr)
-        return None
+    return contract.restore_extra(ckpt, int(state.step), strategy.extra_like(state),
+                                  strategy.name)
 
 
 class SingleDevice:
