@@ -16,6 +16,7 @@ tests/test_async_ps.py checks it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from algorithms.runtime import RoleSpec, Runtime, Worker
@@ -50,8 +51,13 @@ def run(cfg: Config) -> dict:
     workers = [rt.placement.worker(w, supply) for w in range(rt.num_workers)]
     roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
 
-    def counters() -> dict:
-        hist = dict(sorted(server.staleness.items()))
+    # the staleness of the run before this call (its checkpoint's), and this call's
+    base = collections.Counter({int(k): v for k, v in rt.base_counts.get("staleness", {}).items()})
+    rt.counts = lambda: {"staleness": {str(k): v for k, v in server.staleness.items()}}
+
+    def counters() -> dict:  # the whole run's
+        hist = dict(sorted((base + server.staleness).items()) if base
+                    else sorted(server.staleness.items()))
         n = sum(hist.values())
         return {"staleness_histogram": {str(k): v for k, v in hist.items()},
                 "mean_staleness": sum(k * v for k, v in hist.items()) / max(n, 1),

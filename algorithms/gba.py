@@ -68,6 +68,7 @@ from algorithms.runtime import (
 )
 from algorithms.runtime.ps import Rows
 from recjax.config import Config
+from recjax.train.contract import add_counts
 from recjax.train.setup import make_dense_tx
 from recjax.train.step import apply_dense
 
@@ -526,12 +527,49 @@ def run(cfg: Config) -> dict:
     def snapshot():
         return server.params, server.opt_state, rt.start_step + server.accounted // p.m
 
+    def iterations() -> list[int]:
+        return [w.counters.iterations for w in workers]
+
+    rt.counts = lambda: additive(server.counters(1.0, iterations()), iterations())
     sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=server.record,
                        step=lambda: rt.start_step + server.accounted // p.m)
     server.flush()
-    extra = server.counters(sched.seconds, [w.counters.iterations for w in workers])
+    extra = whole_run(rt, p, server.counters(sched.seconds, iterations()), iterations(),
+                      sched.seconds)
     return rt.finish(server.params, server.opt_state, sched, workers, extra,
                      step=rt.total_steps)
+
+
+# the summary's counters that add up over a run's checkpoint intervals and resumes
+_ADDITIVE = ("updates", "gradients_applied", "dropped_gradients", "dropped_embedding_rows",
+             "tokens_handed_out")
+
+
+def additive(counters: dict, iterations: list[int]) -> dict:
+    """What `GbaServer.counters` reports that adds up across calls (`contract.add_counts`)."""
+    return {**{k: counters[k] for k in _ADDITIVE},
+            "dense_staleness": counters["dense_staleness"]["histogram"],
+            "embedding_staleness": counters["embedding_staleness"]["histogram"],
+            "worker_iterations": {str(w): it for w, it in enumerate(iterations)}}
+
+
+def whole_run(rt: Runtime, p: Plan, counters: dict, iterations: list[int],
+              seconds: float) -> dict:
+    """This call's `counters` made the whole run's: added to the checkpoint's
+    (`Runtime.base_counts`), rates over the run's training seconds. A fresh run's are its own."""
+    base = rt.base_counts
+    if not base:
+        return counters
+    tot = add_counts(base, additive(counters, iterations))
+    secs = max(rt.progress.train_seconds + seconds, 1e-12)
+    its = [tot["worker_iterations"].get(str(w), 0) for w in range(len(iterations))]
+    local = [it * p.local_batch / secs for it in its]
+    return {**counters, **{k: tot[k] for k in _ADDITIVE},
+            "global_qps": sum(local), "local_qps": local, "local_qps_mean": sum(local) / len(local),
+            "dense_staleness": histogram_summary(
+                {int(k): v for k, v in tot["dense_staleness"].items()}),
+            "embedding_staleness": histogram_summary(
+                {int(k): v for k, v in tot["embedding_staleness"].items()})}
 
 
 def server_context(rt: Runtime) -> types.SimpleNamespace:

@@ -79,6 +79,7 @@ from algorithms.runtime.codec import Codec
 from algorithms.runtime.ps import DensePS, localize
 from recjax.config import Config
 from recjax.embeddings import lookup, row_gradients
+from recjax.train.contract import add_counts
 from recjax.train.step import apply_dense, loss_and_grads, step_metrics
 
 
@@ -497,6 +498,7 @@ class Persia:
         def served() -> list[int]:  # the embedding workers reach the PS, the NN workers never
             return [self.ledger.raw[f"ps{s}<->embedding"] for s in range(rt.ps.num_shards)]
 
+        rt.counts = self.additive
         sched = rt.execute(roles, supply, workers=workers, snapshot=snapshot, counters=live,
                            step=lambda: rt.start_step + min(w.counters.iterations
                                                             for w in workers), served=served)
@@ -504,12 +506,50 @@ class Persia:
         params, opt_state = self.params()
         return rt.finish(params, opt_state, sched, workers, extra, step=rt.total_steps)
 
+    def _allreduce(self, steps: int) -> float:
+        """Seconds the NN workers' dense all-reduce took over `steps` steps of this call."""
+        if self.dense_ps is not None:
+            return 0.0
+        if self.cfg.train.deterministic:
+            return self.allreduce_seconds * steps
+        return sum(self.allreduce_wall) / self.p.nn_workers
+
+    def additive(self) -> dict:
+        """This call's counters that add up over a run's intervals and resumes
+        (`contract.add_counts`; `Runtime.counts`)."""
+        pipe, rec = self.pipe, self.recovery
+        out = {"embedding_staleness": {str(k): v for k, v in pipe.staleness.items()},
+               "embedding_updates": pipe.applied, "steps": pipe.applied,
+               "bytes_raw": dict(self.ledger.raw), "bytes_sent": dict(self.ledger.wire),
+               "ps_recoveries": rec.recoveries, "ps_updates_lost": rec.updates_lost,
+               "nn_recoveries": self.dense.recoveries, "dense_steps_lost": self.dense.steps_lost,
+               "dense_allreduce_seconds": self._allreduce(pipe.applied)}
+        if self.dense_ps is not None:
+            out["dense_staleness"] = {str(k): v for k, v in self.dense_ps.staleness.items()}
+        return out
+
     def counters(self, sched) -> dict:
+        """The summary's counters of the whole run: this call's, added to those of the
+        checkpoint it started from (a fresh run's are its own)."""
+        out = self._counters()
+        base = self.rt.base_counts
+        if not base:
+            return out
+        tot = add_counts(base, self.additive())
+        hist = {k: histogram_summary({int(b): n for b, n in tot[k].items()})
+                for k in ("embedding_staleness", "dense_staleness") if k in tot}
+        return {**out, **hist, **{k: tot[k] for k in (
+            "embedding_updates", "ps_recoveries", "ps_updates_lost", "nn_recoveries",
+            "dense_steps_lost", "dense_allreduce_seconds")},
+            "dense_allreduce_seconds_per_step": tot["dense_allreduce_seconds"]
+            / max(tot["steps"], 1),
+            "bytes": {pair: {"raw": tot["bytes_raw"][pair], "sent": tot["bytes_sent"][pair]}
+                      for pair in sorted(tot["bytes_raw"])}}
+
+    def _counters(self) -> dict:
         p, pipe = self.p, self.pipe
         steps = self.rt.total_steps - self.rt.start_step
-        virtual = self.cfg.train.deterministic
-        allreduce = (self.allreduce_seconds * steps if virtual
-                     else sum(self.allreduce_wall) / p.nn_workers) if self.dense_ps is None else 0.0
+        allreduce = self._allreduce(steps)
         out = {
             "persia_mode": p.mode, "persia_nn_workers": p.nn_workers,
             "persia_embedding_workers": p.embedding_workers,

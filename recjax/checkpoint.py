@@ -266,6 +266,14 @@ class Checkpointer:
         """
         return self._or_corrupt(step, self._read_extra, like)
 
+    def meta(self, step: int) -> dict:
+        """The JSON metadata saved with `step` (its config, the run's progress).
+
+        Raises:
+          CheckpointCorruptError: it cannot be read.
+        """
+        return self._or_corrupt(step, lambda s, _: self._meta(s), None)
+
     def close(self) -> None:
         self._mngr.close()
 

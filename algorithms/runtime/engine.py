@@ -88,6 +88,9 @@ class Runtime:
         # ``() -> pytree``: the algorithm's own arrays, checkpointed beside the train state
         # (ShadowSync's replicas); set by the algorithm, read back by `restore_own`
         self.own: Any = None
+        # ``() -> dict``: the algorithm's additive counters of this call (`contract.add_counts`);
+        # each checkpoint's progress holds them added to those before (`base_counts`)
+        self.counts: Any = None
         self.num_workers = num_workers
         self.batch_size = batch_size or cfg.train.batch_size
         self.placement = choose(cfg, self)  # under --backend ray this starts Ray
@@ -186,6 +189,12 @@ class Runtime:
                                      self.localize if localize else None)
 
     # -- state -------------------------------------------------------------------------------
+    @property
+    def base_counts(self) -> dict:
+        """The algorithm's counters of the run before this call (the checkpoint's; those of
+        another algorithm the run switched from are kept apart, under its own name)."""
+        return self.progress.counts.get(self.cfg.train.algo, {})
+
     def restore_own(self, like: Any) -> Any:
         """The algorithm's own arrays (`own`) saved with the checkpoint this call starts from,
         structured like `like`; None for a fresh start or a checkpoint without them (another

@@ -46,6 +46,16 @@ def predictor(rt: Runtime):
     return predict
 
 
+def take_counts(rt: Runtime) -> None:
+    """Before a checkpoint: the progress takes the run's counters so far (this call's added
+    to the checkpoint's, under the algorithm's name), once."""
+    if rt.counts is not None and not getattr(rt, "_counted", False):
+        algo = rt.cfg.train.algo
+        rt.progress.counts = {**rt.progress.counts, algo: contract.add_counts(
+            rt.progress.counts.get(algo, {}), rt.counts())}
+        rt._counted = True
+
+
 def own(rt: Runtime) -> Any:
     """The algorithm's own arrays for a checkpoint (`engine.Runtime.own`), or None."""
     return None if rt.own is None else rt.own()
@@ -69,6 +79,7 @@ def save_stopped(rt: Runtime, snapshot, workers: list[Worker], why: str) -> None
     rt.progress.add(sums)
     if rt.report.stopper is not None:  # the best so far goes on after a --resume
         rt.progress.early_stop = rt.report.stopper.state()
+    take_counts(rt)
     contract.save(rt.ckpt, rt.cfg, rt.state(params, opt_state, step), rt.progress,
                   time.perf_counter() - rt.t0, own(rt), interrupted=True)
     print(f"{why} at step {step}; checkpoint in {rt.cfg.train.out}")
@@ -113,6 +124,7 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
             at_end = report.track(step, ev, state, rt.progress)  # early stop at the boundary
     if report.stopper is not None:
         rt.progress.early_stop = report.stopper.state()
+    take_counts(rt)
     if rt.ckpt is not None:
         contract.save(rt.ckpt, cfg, state, rt.progress, wall, own(rt))
         rt.ckpt.close()

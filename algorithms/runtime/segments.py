@@ -132,8 +132,8 @@ def run_in_segments(run: Callable[[Config], dict], cfg: Config) -> dict:
     state goes into the checkpoint with it (`Runtime.own`: ShadowSync's replicas, wPS, BMUF
     states and its counters), so the next interval goes on from it as it was; what lives only
     in the roles restarts at each checkpoint, as on every ``--resume``: the virtual clock and
-    the links from zero, FR's sync-gap count, and the counters of async, GBA and Persia, which
-    cover the last interval.
+    the links from zero, FR's sync-gap count. The summary's counters are the whole run's: each
+    checkpoint's progress carries the additive ones (`Runtime.counts`, `contract.add_counts`).
 
     Signals: in threads the first SIGINT/SIGTERM stops the roles and checkpoints their state
     (`Runtime.execute`); on the virtual clock it lets the interval finish and checkpoint, and a

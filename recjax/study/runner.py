@@ -29,11 +29,12 @@ import time
 from collections.abc import Callable
 
 from recjax import compile_cache, configs
+from recjax.checkpoint import Checkpointer
 from recjax.config import Config, apply_overrides
 from recjax.data.sources import DataError, resolve_path
 from recjax.runlog import read_summary
 from recjax.study.spec import Arm, Size, Study
-from recjax.train.contract import committed_steps
+from recjax.train.contract import committed_steps, subtract_counts
 
 RunFn = Callable[[Config], dict]
 
@@ -109,15 +110,46 @@ def _copy(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+def _run_counts(out: str, algo: str) -> dict | None:
+    """The additive counters of `algo` over the whole run in `out` up to its latest checkpoint
+    (`contract.Progress.counts`: a host-async summary's counters are the whole run's); {} with
+    no checkpoint, None when it cannot be read."""
+    directory = os.path.join(out, "checkpoints")
+    done = committed_steps(directory)
+    if not done:
+        return {}
+    ckpt = Checkpointer(directory)
+    try:
+        return ckpt.meta(done[-1]).get("progress", {}).get("counts", {}).get(algo, {})
+    except OSError:
+        return None
+    finally:
+        ckpt.close()
+
+
+def _per_segment(row: dict, study: Study, before: dict | None, after: dict | None) -> dict:
+    """`row` with each counter the run's checkpoints count over the whole run (``after``, at
+    the segment's end) made this segment's own: less what they held at its start (``before``);
+    None where either is unknown. Counters kept per call (the LRU store's) are left as read."""
+    out = dict(row)
+    for k in study.counters:
+        if after is not None and k in after:
+            out[k] = (None if before is None or row.get(k) is None
+                      else subtract_counts({k: after[k]}, {k: before[k]} if k in before else {})[k])
+    return out
+
+
 def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
     """Run one segment, or read it back if its checkpoint already reached its step (steps 0,
-    the config's length: if its summary is of its last checkpoint)."""
-    out, steps = cfg.train.out, cfg.train.steps
+    the config's length: if its summary is of its last checkpoint); its counters are the
+    segment's own (`_per_segment`)."""
+    out, steps, algo = cfg.train.out, cfg.train.steps, cfg.train.algo
     done = committed_steps(os.path.join(out, "checkpoints"))
     if done and done[-1] >= steps:
         s, _ = read_summary(os.path.join(out, "summary.json"))
         if s is not None and s["steps"] == (steps or done[-1]):
-            return _record(s, study)
+            # run before its record was written: what its start held is gone
+            return _per_segment(_record(s, study), study, None, _run_counts(out, algo))
         if steps and done[-1] == steps and cfg.train.algo != "single":
             # stopped between its last checkpoint and its summary: nothing is left to train,
             # and a host-async run refuses a checkpoint at its end; the single-device trainer
@@ -128,7 +160,9 @@ def _run_segment(run: RunFn, cfg: Config, study: Study) -> dict:
             return {**{k: (v if k in ("step", "resumed_from_step", study.metric)
                            or k.startswith("eval_") else None) for k, v in row.items()},
                     "evaluated_only": True}
-    return _record(run(cfg), study)
+    before = _run_counts(out, algo) if study.counters else {}
+    row = _record(run(cfg), study)
+    return _per_segment(row, study, before, _run_counts(out, algo)) if study.counters else row
 
 
 def describe(study: Study, size_name: str, dataset: str) -> dict | None:

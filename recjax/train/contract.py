@@ -100,6 +100,10 @@ class Progress:
       wall_seconds: wall time of earlier segments (a resumed run adds its own).
       early_stop: `EarlyStopper.state` at the checkpoint (None without early stopping or
         keep_best), so a resumed run goes on comparing with the best so far.
+      counts: each host-async algorithm's additive counters up to the checkpoint (JSON: algo ->
+        name -> int, or a histogram name -> {str: int}; `add_counts`; an algorithm's own, so a
+        switch never adds GBA's staleness to Persia's), so that a summary's counters cover the whole
+        run across checkpoint intervals and resumes ({} when it keeps none).
     """
 
     def __init__(self, saved: dict | None = None):
@@ -109,6 +113,7 @@ class Progress:
         self.train_seconds = saved.get("train_seconds", 0.0)
         self.wall_seconds = saved.get("wall_seconds", 0.0)
         self.early_stop: dict | None = saved.get("early_stop")
+        self.counts: dict = saved.get("counts", {})
 
     def add(self, s: dict) -> None:
         for k in StepMetrics._fields:
@@ -117,7 +122,38 @@ class Progress:
     def as_dict(self, wall_now: float) -> dict:
         return {"totals": self.totals, "timed_steps": self.timed_steps,
                 "train_seconds": self.train_seconds, "wall_seconds": self.wall_seconds + wall_now,
-                **({"early_stop": self.early_stop} if self.early_stop is not None else {})}
+                **({"early_stop": self.early_stop} if self.early_stop is not None else {}),
+                **({"counts": self.counts} if self.counts else {})}
+
+
+def add_counts(a: dict, b: dict) -> dict:
+    """``a + b`` of two `Progress.counts` dicts: numbers add, histograms (dicts) add bin by
+    bin."""
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict):
+            h = dict(out.get(k, {}))
+            for bin_, n in v.items():
+                h[str(bin_)] = h.get(str(bin_), 0) + n
+            out[k] = h
+        else:
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def subtract_counts(a: dict, b: dict) -> dict:
+    """``a - b`` of two `Progress.counts` dicts (`b` counted before `a`, so every bin of `b`
+    is in `a`): numbers subtract, histograms bin by bin, empty bins dropped."""
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict):
+            h = {str(bin_): n for bin_, n in out.get(k, {}).items()}
+            for bin_, n in v.items():
+                h[str(bin_)] = h.get(str(bin_), 0) - n
+            out[k] = {bin_: n for bin_, n in h.items() if n}
+        else:
+            out[k] = out.get(k, 0) - v
+    return out
 
 
 class DivergedError(ValueError):
