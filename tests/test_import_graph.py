@@ -116,3 +116,32 @@ def test_no_test_imports_a_script():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [(path.name, n) for n in names if n.split(".")[0] == "scripts"]
     assert found == []
+
+
+def _declares(fn: ast.FunctionDef) -> bool:
+    """`fn` is a docstring (optional) and one ``return``: a declaration's shorthand."""
+    body = [n for n in fn.body if not (isinstance(n, ast.Expr)
+                                        and isinstance(n.value, ast.Constant))]
+    return len(body) == 1 and isinstance(body[0], ast.Return)
+
+
+def test_every_script_is_an_entry_point_and_scripts_stay_small():
+    """STYLE rule 8: a file in scripts/ is a thin entry point (a ``__main__`` guard; at most a
+    ``main`` of its own, its body in the library) or a declarative study file (no code but
+    its declarations: a helper there is one ``return`` of a declaration); scripts/ in all under
+    2,000 lines (issue 34)."""
+    bodies, lines = [], 0
+    for path in sorted((ROOT / "scripts").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        lines += len(path.read_text().splitlines())
+        study = path.parent.name == "studies"
+        defs = [n.name for n in ast.walk(tree) if isinstance(
+            n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            and not (study and isinstance(n, ast.FunctionDef) and _declares(n))]
+        guard = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+        if path.name == "__init__.py":
+            continue
+        if (study and defs) or (not study and (not guard or set(defs) - {"main"})):
+            bodies.append((path.name, defs, guard))
+    assert bodies == []
+    assert lines < 2000
