@@ -278,8 +278,76 @@ def _dcn_v2(p, acts, dense, **_):
     return logits, backward
 
 
+def _din(p, acts, dense, sequences=(), **_):
+    """DIN (Zhou et al. 2018, Eq. 3, Fig. 2): ``v_U = sum_j a(e_j, v_A) e_j`` with the activation
+    unit an MLP over the concatenation ``[e_j, v_A, e_j - v_A, e_j * v_A]`` (PReLU hidden layers,
+    no softmax); then ``[other fields, v_U, dense] -> tower -> logit``. Sum pooling (every weight
+    1) when ``p`` has no ``att``. `sequences`: ``((positions, target), ...)`` field indices."""
+    emb = acts["emb"]
+    b, n_fields, d = emb.shape
+    pos = [np.asarray(s[0], dtype=np.int64) for s in sequences]
+    tgt = [s[1] for s in sequences]
+    e = np.concatenate([emb[:, ix, :] for ix in pos], axis=-1)  # [B, L, K]
+    q = np.concatenate([emb[:, t, :] for t in tgt], axis=-1)  # [B, K]
+    k = e.shape[-1]
+    qb = np.broadcast_to(q[:, None, :], e.shape)
+    att = p.get("att")
+    if att is not None:
+        n = sum(name.startswith("layer_") for name in att)
+        z, cache = np.concatenate([e, qb, e - qb, e * qb], axis=-1), []
+        for i in range(n):
+            h = z @ att[f"layer_{i}"]["kernel"] + att[f"layer_{i}"]["bias"]
+            cache.append((z, h))
+            if i < n - 1:
+                alpha = att[f"prelu_{i}"]
+                z = np.where(h > 0, h, alpha * h)
+        w = h[..., 0]  # [B, L]
+    else:
+        w = np.ones(e.shape[:2])
+    v_u = np.einsum("bl,blk->bk", w, e)
+    seq_fields = {int(f) for ix in pos for f in ix}
+    other = [f for f in range(n_fields) if f not in seq_fields]
+    x = np.concatenate([emb[:, other, :].reshape(b, -1), v_u, dense], axis=1)
+    deep = "deep" in p
+    top, deep_bwd = _mlp(p["deep"], x, last_linear=False) if deep else (x, None)
+    logits = (top @ p["out"]["kernel"] + p["out"]["bias"])[:, 0]
+
+    def backward(dl):
+        g = {"out": {"kernel": top.T @ dl[:, None], "bias": dl.sum(keepdims=True)}}
+        dx = dl[:, None] * p["out"]["kernel"][:, 0]
+        if deep:
+            g["deep"], dx = deep_bwd(dx)
+        d_emb = np.zeros_like(emb)
+        d_emb[:, other, :] = dx[:, : len(other) * d].reshape(b, len(other), d)
+        dv = dx[:, len(other) * d: len(other) * d + k]
+        de = w[..., None] * dv[:, None, :]  # d v_U / d e_j = w_j
+        dq = np.zeros_like(q)
+        if att is not None:
+            dh = np.einsum("bk,blk->bl", dv, e)[..., None]  # d v_U / d w_j = e_j
+            ga = {}
+            for i in reversed(range(n)):
+                z_in, h = cache[i]
+                if i < n - 1:
+                    alpha = att[f"prelu_{i}"]
+                    ga[f"prelu_{i}"] = (dh * np.where(h > 0, 0.0, h)).sum((0, 1))
+                    dh = dh * np.where(h > 0, 1.0, alpha)
+                ga[f"layer_{i}"] = {"kernel": np.einsum("bli,blo->io", z_in, dh),
+                                    "bias": dh.sum((0, 1))}
+                dh = dh @ att[f"layer_{i}"]["kernel"].T
+            dz = dh  # [B, L, 4K] for [e, v_A, e - v_A, e * v_A]
+            de = de + dz[..., :k] + dz[..., 2 * k: 3 * k] + dz[..., 3 * k:] * qb
+            dq = (dz[..., k: 2 * k] - dz[..., 2 * k: 3 * k] + dz[..., 3 * k:] * e).sum(1)
+            g["att"] = ga
+        for s, (ix, t) in enumerate(zip(pos, tgt)):
+            d_emb[:, ix, :] += de[..., s * d: (s + 1) * d]
+            d_emb[:, t, :] += dq[:, s * d: (s + 1) * d]
+        return g, {"emb": d_emb}
+
+    return logits, backward
+
+
 _FORWARD = {"lr": _lr, "fm": _fm, "wide_deep": _wide_deep, "deepfm": _deepfm, "dlrm": _dlrm,
-            "dcn": _dcn, "dcn_v2": _dcn_v2}
+            "dcn": _dcn, "dcn_v2": _dcn_v2, "din": _din}
 
 
 def bce(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
@@ -290,17 +358,19 @@ def bce(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
 
 
 def reference(model_name: str, params: Tree, acts: dict, dense, labels, *,
-              interaction_self: bool = False):
+              interaction_self: bool = False, sequences: tuple = ()):
     """Loss, logits and gradients of ``bce_loss(model(params, acts, dense), labels)``.
 
     Args:
-      model_name: one of ``lr, fm, wide_deep, deepfm, dlrm, dcn, dcn_v2``.
+      model_name: one of ``lr, fm, wide_deep, deepfm, dlrm, dcn, dcn_v2, din``.
       params: the Flax parameter tree (``variables["params"]`` or ``{"params": ...}``).
       acts: activation groups, ``{"emb": [B, F, D], "wide": [B, F, 1]}`` (those the model reads;
         any other group gets a zero gradient).
       dense: [B, n_dense] (n_dense may be 0).
       labels: [B] in [0, 1].
       interaction_self: DLRM's ``interaction_self`` (not recoverable from the parameters).
+      sequences: DIN's ``((position field indices, target field index), ...)``, one per
+        behaviour sequence (`recjax.models.sequence.sequences` of the spec).
 
     Returns:
       ``(loss, logits, grad_params, grad_acts)`` in float64: a float, [B], a tree shaped like
@@ -311,7 +381,8 @@ def reference(model_name: str, params: Tree, acts: dict, dense, labels, *,
     acts64 = {k: np.asarray(v, np.float64) for k, v in acts.items()}
     dense = np.asarray(dense, np.float64)
     labels = np.asarray(labels, np.float64)
-    logits, backward = _FORWARD[model_name](p, acts64, dense, interaction_self=interaction_self)
+    logits, backward = _FORWARD[model_name](p, acts64, dense, interaction_self=interaction_self,
+                                            sequences=sequences)
     loss, d_logits = bce(logits, labels)
     g_params, g_acts = backward(d_logits)
     g_acts = {k: g_acts.get(k, np.zeros_like(v)) for k, v in acts64.items()}

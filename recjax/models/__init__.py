@@ -20,10 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from recjax.features import FeatureSpec
-from recjax.models.config import MODEL_NAMES, ModelConfig
+from recjax.models.config import MODEL_NAMES, SEQUENCE_MODEL_NAMES, ModelConfig
 from recjax.models.dcn import DCN
 from recjax.models.dcn_v2 import DCNv2
 from recjax.models.deepfm import DeepFM
+from recjax.models.din import DIN
 from recjax.models.dlrm import DLRM
 from recjax.models.fm import FM
 from recjax.models.lr import LR
@@ -40,9 +41,14 @@ MODELS: dict[str, type[nn.Module]] = {
     "dcn_v2": DCNv2,
 }
 assert tuple(MODELS) == MODEL_NAMES, "MODELS and config.MODEL_NAMES must list the same models"
+# name -> module class of the models that need a behaviour sequence (recjax/models/sequence.py)
+SEQUENCE_MODELS: dict[str, type[nn.Module]] = {"din": DIN}
+assert tuple(SEQUENCE_MODELS) == SEQUENCE_MODEL_NAMES, "and SEQUENCE_MODELS the sequence models"
 
-__all__ = ["MODELS", "ModelConfig", "bce_loss", "build_model", "dummy_inputs",
-           "embedding_groups", "DCN", "DCNv2", "DLRM", "DeepFM", "FM", "LR", "WideDeep"]
+_CLASSES = {**MODELS, **SEQUENCE_MODELS}
+
+__all__ = ["MODELS", "SEQUENCE_MODELS", "ModelConfig", "bce_loss", "build_model", "dummy_inputs",
+           "embedding_groups", "DCN", "DCNv2", "DIN", "DLRM", "DeepFM", "FM", "LR", "WideDeep"]
 
 
 def build_model(cfg: ModelConfig, spec: FeatureSpec) -> nn.Module:
@@ -55,16 +61,16 @@ def build_model(cfg: ModelConfig, spec: FeatureSpec) -> nn.Module:
     Returns:
       A module whose ``__call__(acts, dense)`` returns logits f32[B].
     """
-    return MODELS[cfg.name].from_config(cfg, spec)
+    return _CLASSES[cfg.name].from_config(cfg, spec)
 
 
 def embedding_groups(cfg: ModelConfig) -> dict[str, int]:
     """Activation groups the model reads, with their embedding dim.
 
     ``lr -> {"wide": 1}``; ``fm, wide_deep, deepfm -> {"wide": 1, "emb": D}``;
-    ``dlrm, dcn, dcn_v2 -> {"emb": D}``. The embedding side builds one table set per group.
+    ``dlrm, dcn, dcn_v2, din -> {"emb": D}``. The embedding side builds one table set per group.
     """
-    return {g: 1 if g == "wide" else cfg.embed_dim for g in MODELS[cfg.name].GROUPS}
+    return {g: 1 if g == "wide" else cfg.embed_dim for g in _CLASSES[cfg.name].GROUPS}
 
 
 def dummy_inputs(cfg: ModelConfig, spec: FeatureSpec,

@@ -12,8 +12,13 @@ from typing import Literal
 
 from recjax.config_fields import check_choices
 
-# The model names `--model` accepts; `recjax.models.MODELS` maps each to its module class.
+# The models over any FeatureSpec (one activation per field); `recjax.models.MODELS` maps each to
+# its module class.
 MODEL_NAMES = ("lr", "fm", "wide_deep", "deepfm", "dlrm", "dcn", "dcn_v2")
+# The models that also need a behaviour sequence in the data (position fields,
+# recjax/models/sequence.py); `recjax.models.SEQUENCE_MODELS` maps each to its class. `--model`
+# accepts both lists.
+SEQUENCE_MODEL_NAMES = ("din",)
 
 
 def _layer_sizes(field: str, value) -> tuple[int, ...]:
@@ -29,12 +34,12 @@ class ModelConfig:
     """Which model to build and the sizes of its dense layers.
 
     Attributes:
-      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn | dcn_v2``.
+      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn | dcn_v2 | din``.
       embed_dim: D, the width of every field's embedding (group ``"emb"``).
       bottom_mlp: DLRM hidden widths over the dense features; the bottom MLP is
         ``bottom_mlp + (embed_dim,)`` so its output can join the dot interaction.
       top_mlp: DLRM hidden widths after the interaction; a final 1-unit linear layer is added.
-      deep_mlp: hidden widths of the deep tower of Wide&Deep, DeepFM and DCN.
+      deep_mlp: hidden widths of the deep tower of Wide&Deep, DeepFM, DCN, DCN-v2 and DIN.
       cross_layers: number of DCN / DCN-v2 cross layers (0 leaves x0 unchanged: a deep +
         linear model).
       cross_rank: DCN-v2: 0 = full-rank cross matrices W_l (K x K, Eq. 1); r > 0 = low rank
@@ -43,6 +48,10 @@ class ModelConfig:
         > 1 needs cross_rank > 0); 1 = no mixture.
       cross_structure: DCN-v2: stacked (the deep tower reads the cross network's output) |
         parallel (both read x0, their outputs concatenated; DCN-v1's layout). Sec. 3.
+      att_mlp: DIN: hidden widths of the local activation unit (PReLU after each; Zhou et al.
+        2018, Fig. 2 draws one layer of 36).
+      din_pooling: DIN: attention (the weighted sum of Eq. 3) | sum (every weight 1: the
+        paper's BaseModel, the baseline of docs/models.md).
       interaction_self: DLRM only: also include the i == j dot products (N(N+1)/2 pairs instead
         of the strictly upper N(N-1)/2).
       dropout: dropout rate p in [0, 1) after every hidden MLP layer (FuxiCTR's ``net_dropout``);
@@ -57,7 +66,7 @@ class ModelConfig:
         (1 - m) * batch; 0.9 = PyTorch's momentum 0.1).
     """
 
-    name: Literal[MODEL_NAMES] = dataclasses.field(  # model family
+    name: Literal[MODEL_NAMES + SEQUENCE_MODEL_NAMES] = dataclasses.field(  # model family
         default="dlrm", metadata={"unknown": "model"})
     embed_dim: int = 16  # D: embedding width of every field
     bottom_mlp: tuple[int, ...] = (512, 256, 64)  # DLRM bottom hidden widths; + (embed_dim,)
@@ -67,6 +76,8 @@ class ModelConfig:
     cross_rank: int = 0  # DCN-v2: 0 = full-rank cross matrices, r = low rank
     cross_experts: int = 1  # DCN-v2: low-rank experts per cross layer (mixture if > 1)
     cross_structure: Literal["stacked", "parallel"] = "stacked"  # DCN-v2: cross then deep, or both
+    att_mlp: tuple[int, ...] = (36,)  # DIN: hidden widths of the activation unit
+    din_pooling: Literal["attention", "sum"] = "attention"  # DIN: Eq. 3, or sum pooling
     interaction_self: bool = False  # DLRM: include the i == j pairs in the dot interaction
     dropout: float = 0.0  # dropout rate after every hidden MLP layer (0 = off)
     batch_norm: bool = False  # batch norm after every hidden MLP layer's Dense
@@ -76,7 +87,7 @@ class ModelConfig:
         check_choices(self, "model")
         if self.embed_dim < 1:
             raise ValueError(f"model.embed_dim must be >= 1, got {self.embed_dim}")
-        for field in ("bottom_mlp", "top_mlp", "deep_mlp"):
+        for field in ("bottom_mlp", "top_mlp", "deep_mlp", "att_mlp"):
             # Frozen: write the normalised tuple back through object.__setattr__.
             object.__setattr__(self, field, _layer_sizes(field, getattr(self, field)))
         if self.cross_layers < 0:
@@ -102,4 +113,4 @@ class ModelConfig:
     def smoke(cls, name: str = "dlrm") -> ModelConfig:
         """A small configuration of ``name`` that trains on a laptop CPU in seconds."""
         return cls(name=name, embed_dim=8, bottom_mlp=(32, 16), top_mlp=(32, 16),
-                   deep_mlp=(32, 32), cross_layers=2)
+                   deep_mlp=(32, 32), cross_layers=2, att_mlp=(16,))
