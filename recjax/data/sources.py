@@ -26,6 +26,7 @@ from recjax.data.columnar import ParquetSource
 from recjax.data.criteo import CriteoCSVSource, CriteoSource
 from recjax.data.libfm import FrappeSource
 from recjax.data.movielens import MovieLensSource
+from recjax.data.synthetic_seq import PositionsSource, SeqTeacherConfig, SeqTeacherSource
 from recjax.data.taobao import TaobaoSource
 
 
@@ -113,6 +114,11 @@ SOURCES: dict[str, SourceFactory] = {
         hash_buckets=opts.hash_buckets, raw_ids=opts.raw_ids, multi_hot_len=opts.multi_hot_len),
     # numpy arrays registered in this process (recjax/data/arrays.py; recjax.train does it)
     "arrays": lambda arg, name, opts: arrays.lookup(arg, raw_ids=opts.raw_ids),
+    # behaviour sequences (recjax/data/synthetic_seq.py): another kind's multi-hot fields as
+    # one-hot position fields (seq:KIND:PATH), and the teacher with a behaviour sequence
+    "seq": lambda arg, name, opts: PositionsSource(
+        open_source(arg, **dataclasses.asdict(opts)), name),
+    "synthetic-seq": lambda arg, name, opts: SeqTeacherSource(SeqTeacherConfig.parse(arg), name),
 }
 
 
