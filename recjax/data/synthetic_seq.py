@@ -1,6 +1,6 @@
 """Behaviour sequences as data: a synthetic teacher whose label depends on which behaviours are
 relevant to the target (``synthetic-seq``), and any multi-hot field read as position fields
-(``seq:KIND:PATH``, e.g. ``seq:taobao:taobao_ad_tiny/train.csv``). Both give the layout of
+(``seq:KIND:PATH``, e.g. ``seq:taobao:taobao_ad_tiny/train_sample.csv``). Both give the layout of
 recjax/models/sequence.py, which the DIN model reads.
 
 The teacher (``--data synthetic-seq[:key=value,...]``). Items ``i < n_items`` each belong to a
@@ -8,9 +8,10 @@ category ``c(i) < n_categories`` (a fixed random assignment). An example has
 
 * a context id ``x < n_context`` (uniform), with first-order weight ``w_x``;
 * a behaviour sequence ``b_1 .. b_len`` of items, ``len`` uniform in ``[1, max_len]`` (the rest
-  of the L positions are padding), each item uniform;
+  of the L positions are padding), each item uniform, and the sequence of their categories
+  ``c(b_1) .. c(b_len)`` (the paper's behaviours carry goods and category ids, Sec. 4.1);
 * a target item ``t``: with probability ``p_related`` an item of the category of a random one of
-  the behaviours, else uniform; first-order weight ``w_t``;
+  the behaviours, else uniform; first-order weight ``w_t``; and its category ``c(t)``;
 
 and the label is Bernoulli(sigmoid(z)) with
 
@@ -108,9 +109,13 @@ class SeqTeacherConfig:
 
 
 def multi_hot_spec(cfg: SeqTeacherConfig) -> FeatureSpec:
-    """The teacher's fields before unrolling: context, item (the target), hist (item's table)."""
-    return FeatureSpec((), (FieldSpec("context", cfg.n_context), FieldSpec("item", cfg.n_items),
-                            FieldSpec("hist", cfg.n_items, max_len=cfg.max_len, table="item")))
+    """The teacher's fields before unrolling: context, item and cate (the targets), hist and
+    hist_cate (the behaviours, sharing the targets' tables)."""
+    return FeatureSpec((), (
+        FieldSpec("context", cfg.n_context), FieldSpec("item", cfg.n_items),
+        FieldSpec("cate", cfg.n_categories),
+        FieldSpec("hist", cfg.n_items, max_len=cfg.max_len, table="item"),
+        FieldSpec("hist_cate", cfg.n_categories, max_len=cfg.max_len, table="cate")))
 
 
 class SeqTeacherSource:
@@ -148,10 +153,13 @@ class SeqTeacherSource:
         z = c.bias + self.w_item[target] + self.w_context[context] + c.alpha * m
         p = 1.0 / (1.0 + np.exp(-z))
         label = (rng.random(n) < p).astype(np.float32)
-        ids = np.zeros((n, 3, c.max_len), np.int32)
-        mask = np.zeros((n, 3, c.max_len), np.float32)
-        ids[:, 0, 0], ids[:, 1, 0], mask[:, :2, 0] = context, target, 1.0
-        ids[:, 2, :], mask[:, 2, :] = np.where(real, hist, 0), real
+        ids = np.zeros((n, 5, c.max_len), np.int32)
+        mask = np.zeros((n, 5, c.max_len), np.float32)
+        ids[:, 0, 0], ids[:, 1, 0], ids[:, 2, 0] = context, target, self.category[target]
+        mask[:, :3, 0] = 1.0
+        ids[:, 3, :] = np.where(real, hist, 0)
+        ids[:, 4, :] = np.where(real, self.category[hist], 0)
+        mask[:, 3, :] = mask[:, 4, :] = real
         row = np.arange(index * CHUNK, index * CHUNK + n, dtype=np.int64)
         chunk = Chunk(np.zeros((n, 0), np.float32), ids, mask, label, row)
         return unroll_chunk(chunk, self.multi_spec), p
@@ -175,6 +183,16 @@ class SeqTeacherSource:
         p = np.concatenate([q for _, q in pairs])
         return {"ne": float(normalized_entropy(y, p)), "logloss": float(logloss(y, p)),
                 "auc": float(auc(y, p))}
+
+
+def describe(cfg) -> dict:
+    """Facts of a run's ``synthetic-seq`` eval data (a study's ``describe``): the Bayes-optimal
+    NE and AUC on its rows; {} for other data."""
+    kind, _, arg = cfg.data.eval.partition(":")
+    if kind != "synthetic-seq":
+        return {}
+    bayes = SeqTeacherSource(SeqTeacherConfig.parse(arg)).bayes_optimal()
+    return {"bayes_eval_ne": round(bayes["ne"], 5), "bayes_eval_auc": round(bayes["auc"], 5)}
 
 
 class PositionsSource:

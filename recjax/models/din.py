@@ -121,7 +121,7 @@ class DIN(nn.Module):
             raise ValueError(
                 "din: the data has no behaviour sequence (position fields NAME@0..NAME@{L-1}); "
                 "read a multi-hot field as one with --data seq:KIND:PATH (e.g. "
-                "seq:taobao:taobao_ad_tiny/train.csv), or use --data synthetic-seq")
+                "seq:taobao:taobao_ad_tiny/train_sample.csv), or use --data synthetic-seq")
         lengths = {len(s.positions) for s in seqs}
         if len(lengths) != 1:
             raise ValueError(f"din: the sequences {[s.name for s in seqs]} have different lengths "
