@@ -140,15 +140,38 @@ class ArraySource:
         return DataError(self.name, None, field,
                          problem if row is None else f"row {int(row)}: {problem}", fix)
 
-    def chunks(self) -> Iterator[Chunk]:
-        """The rows in order, in chunks of ``chunk_rows`` (views, not copies)."""
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """The rows in order, in chunks of ``chunk_rows`` (views, not copies); from row `start`
+        on when given (cut where a whole pass is cut)."""
         self.stats = ReadStats()
-        for start in range(0, self.num_rows, self.chunk_rows):
-            end = min(start + self.chunk_rows, self.num_rows)
-            self.stats.rows += end - start
-            yield Chunk(self.dense[start:end], self.ids[start:end],
-                        None if self.mask is None else self.mask[start:end],
-                        self.label[start:end], np.arange(start, end, dtype=np.int64))
+        for lo in range(start - start % self.chunk_rows, self.num_rows, self.chunk_rows):
+            lo, end = max(lo, start), min(lo + self.chunk_rows, self.num_rows)
+            self.stats.rows += end - lo
+            self.rows_read += end - lo
+            yield self._rows(slice(lo, end), np.arange(lo, end, dtype=np.int64))
+
+    def _rows(self, index, row: np.ndarray) -> Chunk:
+        return Chunk(self.dense[index], self.ids[index],
+                     None if self.mask is None else self.mask[index], self.label[index], row)
+
+    # ------------------------------------------------------------------ seeking (recjax.data.seek)
+    rows_read = 0  # rows handed out (an instance attribute once counted)
+
+    def seekable(self) -> bool:
+        return True
+
+    def chunk_sizes(self) -> list[int]:
+        full, rest = divmod(self.num_rows, self.chunk_rows)
+        return [self.chunk_rows] * full + ([rest] if rest else [])
+
+    def chunk_row_ids(self, c: int) -> np.ndarray:
+        lo = c * self.chunk_rows
+        return np.arange(lo, min(lo + self.chunk_rows, self.num_rows), dtype=np.int64)
+
+    def take_rows(self, positions: np.ndarray) -> Chunk:
+        positions = np.asarray(positions, np.int64)
+        self.rows_read += positions.size
+        return self._rows(positions, positions.copy())
 
     def as_raw_ids(self) -> ArraySource:
         """The same source with i64 ids (dynamic-id stores, ``embed.store=lru``); ids are exact

@@ -203,6 +203,9 @@ class ParquetSource:
             self._file(i)  # every footer checked before the first step
         self.stats = ReadStats()
         self.raw_hashed: collections.Counter = collections.Counter()
+        self.rows_read = 0  # examples decoded from row groups (every column a run reads)
+        self.row_ids_read = 0  # examples whose `row` column alone was read (`chunk_row_ids`)
+        self._group_start = np.concatenate([[0], np.cumsum([g.rows for g in self.groups])])
 
     @property
     def num_rows(self) -> int:
@@ -273,6 +276,7 @@ class ParquetSource:
         """The examples of one row group as the text reader's chunk of the same rows."""
         table = self._read(group)
         n = group.rows
+        self.rows_read += n
         col = {name: table.column(name) for name in self._columns}
         label = _numpy(col["label"])
         row = _numpy(col["row"])
@@ -314,13 +318,14 @@ class ParquetSource:
             if n:
                 self.raw_hashed[f.name] += n
 
-    def _read(self, group: RowGroup):
+    def _read(self, group: RowGroup, columns: list[str] | None = None):
         pf = self._file(group.file)
         try:
-            return pf.read_row_group(group.index, columns=self._columns, use_threads=False)
+            return pf.read_row_group(group.index, columns=columns or self._columns,
+                                     use_threads=False)
         except Exception as e:  # pyarrow's OSError for a failed page checksum, ArrowInvalid...
             bad = []
-            for c in self._columns:  # name the damaged columns (only when something failed)
+            for c in columns or self._columns:  # name the damaged ones (only after a failure)
                 try:
                     pf.read_row_group(group.index, columns=[c], use_threads=False)
                 except Exception:
@@ -329,25 +334,57 @@ class ParquetSource:
                               f"{'s' if len(bad) != 1 else ''} {_few(bad) if bad else '?'} "
                               f"damaged ({_brief(e)})") from None
 
-    def chunks(self) -> Iterator[Chunk]:
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
         """One pass in row order, in chunks of ``chunk_rows`` examples (as the text readers
-        cut them, so a shuffle buffer sees the same chunks)."""
+        cut them, so a shuffle buffer sees the same chunks); from stream position `start` on
+        when given (the row group holding it is read from its first row, the chunks are cut
+        where a whole pass cuts them)."""
         self.stats = ReadStats()
         self.raw_hashed = collections.Counter()
-        parts, n = [], 0
-        for group in self.groups:
-            chunk = self.read_group(group)
-            start = 0
-            while start < chunk.size:  # fill the pending chunk, emit it when full
-                m = min(self.chunk_rows - n, chunk.size - start)
-                parts.append(chunk if m == chunk.size else take(chunk, slice(start, start + m)))
+        first = int(np.searchsorted(self._group_start, start, side="right")) - 1
+        parts, n = [], start % self.chunk_rows
+        for g in range(max(first, 0), len(self.groups)):
+            chunk = self.read_group(self.groups[g])
+            begin = max(start - int(self._group_start[g]), 0)
+            while begin < chunk.size:  # fill the pending chunk, emit it when full
+                m = min(self.chunk_rows - n, chunk.size - begin)
+                parts.append(chunk if m == chunk.size else take(chunk, slice(begin, begin + m)))
                 n += m
-                start += m
+                begin += m
                 if n == self.chunk_rows:
                     yield self._emit(parts)
                     parts, n = [], 0
         if parts:
             yield self._emit(parts)
+
+    # ------------------------------------------------------------------ seeking (recjax.data.seek)
+
+    def seekable(self) -> bool:
+        return True
+
+    def chunk_sizes(self) -> list[int]:
+        full, rest = divmod(self.num_rows, self.chunk_rows)
+        return [self.chunk_rows] * full + ([rest] if rest else [])
+
+    def chunk_row_ids(self, c: int) -> np.ndarray:
+        """The ``row`` of chunk `c`'s examples: that column alone of its row groups."""
+        lo, hi = c * self.chunk_rows, min((c + 1) * self.chunk_rows, self.num_rows)
+        parts = []
+        g = int(np.searchsorted(self._group_start, lo, side="right")) - 1
+        while g < len(self.groups) and self._group_start[g] < hi:
+            rows = _numpy(self._read(self.groups[g], ["row"]).column("row"))
+            self.row_ids_read += rows.size
+            s0 = int(self._group_start[g])
+            parts.append(rows[max(lo - s0, 0):hi - s0])
+            g += 1
+        return np.concatenate(parts)
+
+    def take_rows(self, positions: np.ndarray) -> Chunk:
+        """The examples at these stream positions, in this order (each row group read once)."""
+        from recjax.data.seek import gather
+
+        return gather([g.rows for g in self.groups], lambda g: self.read_group(self.groups[g]),
+                      positions)
 
     def _emit(self, parts: list[Chunk]) -> Chunk:
         chunk = concat_chunks(parts)

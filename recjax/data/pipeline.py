@@ -19,6 +19,7 @@ Every stage keeps memory proportional to ``chunk_rows + shuffle_buffer + batch_s
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -32,7 +33,7 @@ Keep = Callable[[np.ndarray], np.ndarray]  # rows i64[N] -> bool[N]
 
 def batches(source: DataSource, batch_size: int, *, seed: int, epoch: int, shuffle_buffer: int,
             drop_remainder: bool, worker: int = 0, num_workers: int = 1,
-            keep: Keep | None = None) -> Iterator[tuple[Batch, int]]:
+            keep: Keep | None = None, start: int = 0) -> Iterator[tuple[Batch, int]]:
     """One epoch of fixed-shape batches of this worker's share of `source`.
 
     Args:
@@ -43,6 +44,9 @@ def batches(source: DataSource, batch_size: int, *, seed: int, epoch: int, shuff
       drop_remainder: drop the last partial batch instead of padding it.
       worker, num_workers: this worker's index and the number of workers.
       keep: optional predicate on example rows (see `holdout_split`).
+      start: begin at this batch of the epoch: a seekable source (`recjax.data.seek`) reads
+        none of the examples of batches ``< start``; another one is read from its start and
+        the first `start` batches are dropped.
 
     Yields:
       (batch, n_valid): `Batch` of exactly `batch_size` rows, the first ``n_valid`` real.
@@ -54,6 +58,20 @@ def batches(source: DataSource, batch_size: int, *, seed: int, epoch: int, shuff
     if shuffle_buffer < 0 or seed < 0 or epoch < 0:
         raise ValueError(f"shuffle_buffer, seed and epoch must be >= 0, got "
                          f"{shuffle_buffer}, {seed}, {epoch}")
+    if start:
+        from recjax.data import seek
+
+        if not seek.seekable(source) or not drop_remainder:  # (a padded last batch: replay)
+            return itertools.islice(batches(
+                source, batch_size, seed=seed, epoch=epoch, shuffle_buffer=shuffle_buffer,
+                drop_remainder=drop_remainder, worker=worker, num_workers=num_workers, keep=keep),
+                start, None)
+        pos = seek.locate(source, batch_size, seed=seed, epoch=epoch, batch=start,
+                          shuffle_buffer=shuffle_buffer, worker=worker, num_workers=num_workers,
+                          keep=keep)
+        return seek.resume(source, pos, batch_size, shuffle_buffer=shuffle_buffer,
+                           drop_remainder=drop_remainder, worker=worker,
+                           num_workers=num_workers, keep=keep)
     stream = select(source.chunks(), worker=worker, num_workers=num_workers, keep=keep)
     if shuffle_buffer:
         rng = np.random.default_rng([seed, epoch, worker])
@@ -78,28 +96,88 @@ def select(chunks: Iterable[Chunk], *, worker: int = 0, num_workers: int = 1,
 def shuffle(chunks: Iterable[Chunk], buffer_size: int, rng: np.random.Generator
             ) -> Iterator[Chunk]:
     """Shuffle a stream through a buffer of `buffer_size` examples (see the module docstring)."""
-    filling: list[Chunk] = []  # until the buffer is full, so a small dataset costs little
-    n_filling = 0
-    buf: Chunk | None = None
-    for chunk in chunks:
+    return Shuffle(buffer_size, rng).run(chunks)
+
+
+class Rows:
+    """How `Shuffle` handles its rows: chunks of examples (`CHUNKS`), or arrays of stream
+    positions (`POSITIONS`, for `recjax.data.seek`, which replays the shuffle without data)."""
+
+    def __init__(self, take, concat, copy, put, size):
+        self.take, self.concat, self.copy, self.put, self.size = take, concat, copy, put, size
+
+
+def _concat_positions(parts: list) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _put_positions(dst: np.ndarray, index: np.ndarray, src: np.ndarray) -> None:
+    dst[index] = src
+
+
+CHUNKS = Rows(take, concat_chunks, lambda c: _copy(c), lambda d, i, s: _put(d, i, s),
+              lambda c: c.size)
+POSITIONS = Rows(lambda a, i: a[i], _concat_positions, np.array, _put_positions, len)
+
+
+class Shuffle:
+    """The shuffle buffer of the module docstring, with its state in the open so that a
+    stream can stop and go on (`recjax.data.seek`).
+
+    Attributes:
+      buffer_size: S, examples in the buffer.
+      rng: the Generator of the epoch (``(seed, epoch, worker)``).
+      filling: rows taken in while the buffer was not yet full (empty once it is).
+      buf: the full buffer (None until full).
+      consumed: rows of the current input chunk taken in so far (read between outputs).
+    """
+
+    def __init__(self, buffer_size: int, rng: np.random.Generator, rows: Rows = CHUNKS,
+                 buf=None):
+        self.buffer_size, self.rng, self.rows = buffer_size, rng, rows
+        self.filling: list = []  # until the buffer is full, so a small dataset costs little
+        self.n_filling = 0
+        self.buf = buf
+        self.consumed = 0
+
+    def run(self, chunks: Iterable) -> Iterator:
+        """Every output of the stream `chunks`, then the rest of the buffer."""
+        for chunk in chunks:
+            yield from self.feed(chunk)
+        rest = self.flush()
+        if rest is not None:
+            yield rest
+
+    def feed(self, chunk) -> Iterator:
+        """Take one input chunk in; yields the examples it evicts (one output per slice)."""
+        r, size = self.rows, self.rows.size(chunk)
         start = 0
-        if buf is None:
-            start = min(buffer_size - n_filling, chunk.size)
-            filling.append(take(chunk, slice(0, start)))
-            n_filling += start
-            if n_filling == buffer_size:
-                buf = _copy(concat_chunks(filling))
-                filling = []
-        while start < chunk.size:  # buffer full: each new example evicts a random one
-            m = min(chunk.size - start, buffer_size)
-            slots = rng.choice(buffer_size, size=m, replace=False)
-            out = take(buf, slots)  # fancy indexing copies
-            _put(buf, slots, take(chunk, slice(start, start + m)))
+        if self.buf is None:
+            start = min(self.buffer_size - self.n_filling, size)
+            self.filling.append(r.take(chunk, slice(0, start)))
+            self.n_filling += start
+            if self.n_filling == self.buffer_size:
+                self.buf = r.copy(r.concat(self.filling))
+                self.filling = []
+        self.consumed = start
+        while start < size:  # buffer full: each new example evicts a random one
+            m = min(size - start, self.buffer_size)
+            slots = self.rng.choice(self.buffer_size, size=m, replace=False)
+            out = r.take(self.buf, slots)  # fancy indexing copies
+            r.put(self.buf, slots, r.take(chunk, slice(start, start + m)))
             start += m
+            self.consumed = start
             yield out
-    rest = buf if buf is not None else (concat_chunks(filling) if filling else None)
-    if rest is not None and rest.size:
-        yield take(rest, rng.permutation(rest.size))
+
+    def flush(self):
+        """The rest of the buffer in a random order (None when empty), once the input ends."""
+        r = self.rows
+        rest = self.buf if self.buf is not None else (r.concat(self.filling) if self.filling
+                                                      else None)
+        self.buf, self.filling, self.n_filling = None, [], 0
+        if rest is not None and r.size(rest):
+            return r.take(rest, self.rng.permutation(r.size(rest)))
+        return None
 
 
 def rebatch(chunks: Iterable[Chunk], batch_size: int, *, drop_remainder: bool
@@ -151,9 +229,13 @@ class CachedSource:
     instead of corrupting later epochs. A pass that stops early caches nothing; a source with
     more than ``max_rows`` examples is streamed every time (nothing is kept).
 
+    Once cached, or when the wrapped source seeks, it seeks (`recjax.data.seek`): a pass
+    from a stream position slices the kept chunks, and examples are taken by position.
+
     Attributes:
       name, spec: those of the wrapped source.
       stats: of the pass that filled the cache (or of the wrapped source's latest pass).
+      rows_read: examples handed out of memory plus those the wrapped source read.
     """
 
     def __init__(self, source: DataSource, max_rows: int = 1_000_000):
@@ -163,6 +245,33 @@ class CachedSource:
         self.max_rows = max_rows
         self._chunks: list[Chunk] | None = None
         self._stats: ReadStats | None = None
+        self._handed = 0
+
+    @property
+    def rows_read(self) -> int:
+        return self._handed + getattr(self.source, "rows_read", 0)
+
+    def seekable(self) -> bool:
+        from recjax.data.seek import seekable
+
+        return self._chunks is not None or seekable(self.source)
+
+    def chunk_sizes(self) -> list[int]:
+        if self._chunks is None:
+            return self.source.chunk_sizes()
+        return [c.size for c in self._chunks]
+
+    def chunk_row_ids(self, c: int) -> np.ndarray:
+        return self._chunks[c].row if self._chunks is not None else self.source.chunk_row_ids(c)
+
+    def take_rows(self, positions: np.ndarray) -> Chunk:
+        if self._chunks is None:
+            return self.source.take_rows(positions)
+        from recjax.data.seek import gather
+
+        out = gather(self.chunk_sizes(), self._chunks.__getitem__, positions)
+        self._handed += out.size
+        return out
 
     @property
     def stats(self) -> ReadStats:
@@ -172,9 +281,20 @@ class CachedSource:
     def is_cached(self) -> bool:
         return self._chunks is not None
 
-    def chunks(self) -> Iterator[Chunk]:
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """A pass; from stream position `start` on when given (a seekable source's)."""
         if self._chunks is not None:
-            yield from self._chunks
+            for chunk in self._chunks:
+                if start >= chunk.size:
+                    start -= chunk.size
+                    continue
+                chunk = take(chunk, slice(start, None)) if start else chunk
+                start = 0
+                self._handed += chunk.size
+                yield chunk
+            return
+        if start:  # part of a pass: streamed from the wrapped source, never cached
+            yield from self.source.chunks(start)
             return
         kept: list[Chunk] | None = []
         rows = 0

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from recjax.batch import Chunk
+from recjax.batch import Chunk, take
 from recjax.concurrency import ordered_map
 from recjax.config_fields import check_choices
 from recjax.data.base import ReadStats
@@ -236,17 +236,44 @@ class SyntheticSource:
         row = np.arange(index * self.CHUNK, index * self.CHUNK + n, dtype=np.int64)
         return Chunk(dense, ids[:, :, None], None, label, row), p
 
-    def _stream(self) -> Iterator[tuple[Chunk, np.ndarray]]:
-        """(chunk, Bayes-optimal probabilities of its examples), in order."""
+    def _stream(self, first: int = 0) -> Iterator[tuple[Chunk, np.ndarray]]:
+        """(chunk, Bayes-optimal probabilities of its examples), in order, from chunk `first`."""
         starts = range(0, self.num_rows, self.CHUNK)
         yield from ordered_map(lambda i: self._generate(i, min(self.CHUNK, self.num_rows - starts[i])),
-                               range(len(starts)), self.workers)
+                               range(first, len(starts)), self.workers)
 
-    def chunks(self) -> Iterator[Chunk]:
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """A pass; from example `start` on when given (its chunk is generated and sliced)."""
         self.stats = ReadStats()
-        for chunk, _ in self._stream():
+        for chunk, _ in self._stream(start // self.CHUNK):
+            if start > chunk.row[0]:
+                chunk = take(chunk, slice(start - int(chunk.row[0]), None))
             self.stats.rows += chunk.size
+            self.rows_read += chunk.size
             yield chunk
+
+    # ------------------------------------------------------------------ seeking (recjax.data.seek)
+    rows_read = 0  # examples generated for passes and takes (an instance attribute once counted)
+
+    def seekable(self) -> bool:
+        return True
+
+    def chunk_sizes(self) -> list[int]:
+        full, rest = divmod(self.num_rows, self.CHUNK)
+        return [self.CHUNK] * full + ([rest] if rest else [])
+
+    def chunk_row_ids(self, c: int) -> np.ndarray:
+        lo = c * self.CHUNK
+        return np.arange(lo, min(lo + self.CHUNK, self.num_rows), dtype=np.int64)
+
+    def take_rows(self, positions: np.ndarray) -> Chunk:
+        from recjax.data.seek import gather
+
+        def read(c: int) -> Chunk:
+            self.rows_read += self.chunk_sizes()[c]
+            return self._generate(c, self.chunk_sizes()[c])[0]
+
+        return gather(self.chunk_sizes(), read, positions)
 
     def labels_and_bayes_probs(self) -> tuple[np.ndarray, np.ndarray]:
         """Labels of this split and the Bayes-optimal p*(x) of each example, in stream order."""

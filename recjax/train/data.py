@@ -11,8 +11,10 @@ import numpy as np
 from recjax.config import Config
 from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
+from recjax.data.columnar import ParquetSource
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import cached, holdout_split
+from recjax.data.seek import epoch_rows, seekable
 from recjax.data.sources import open_source
 from recjax.data.synthetic import SyntheticSource, synthetic_name
 from recjax.features import FeatureSpec
@@ -49,6 +51,11 @@ def train_shuffle_buffer(data: RunData, configured: int) -> int:
 
 
 def _count(source: DataSource, keep: Keep) -> int:
+    """Examples of `source` that `keep` selects: from its chunk sizes and row ids when it seeks
+    (a Parquet dataset's manifest and ``row`` column, memory), else by a pass (which fills the
+    in-memory cache of a text source)."""
+    if seekable(source):
+        return epoch_rows(source, keep=keep)
     n = 0
     for chunk in source.chunks():
         n += chunk.size if keep is None else int(np.count_nonzero(keep(chunk.row)))
@@ -75,7 +82,8 @@ def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
                "multi_hot_len": cfg.data.multi_hot_len, "raw_ids": cfg.embed.store == "lru"}
     source = open_source(spec, **options)
-    if cfg.data.cache_dir and not isinstance(source, ArraySource):  # arrays: in memory already
+    # arrays: in memory already; parquet: converted once already, read by row group
+    if cfg.data.cache_dir and not isinstance(source, ArraySource | ParquetSource):
         source = DiskCachedSource(source, cfg.data.cache_dir, options)
     return cached(source, cfg.data.cache_rows)
 
