@@ -99,17 +99,18 @@ class SingleDevice:
 
 def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
                   steps_per_epoch: int) -> Iterator[Batch]:
-    """Training batches for steps [start_step, total_steps): epoch e is shuffled by (seed, e)."""
+    """Training batches for steps [start_step, total_steps): epoch e is shuffled by (seed, e).
+
+    A resumed run starts at its step's batch of its epoch without reading the examples of the
+    batches before it (`recjax.data.seek`; a source that cannot seek is read and skipped)."""
     step = start_step
     epoch, skip = divmod(start_step, steps_per_epoch)
     buffer = train_shuffle_buffer(data, cfg.data.shuffle_buffer)
     while step < total_steps:
         stream = batches(data.train, cfg.train.batch_size, seed=cfg.train.seed, epoch=epoch,
                          shuffle_buffer=buffer, drop_remainder=True,
-                         keep=data.keep_train)
-        for i, (batch, _) in enumerate(stream):
-            if i < skip:
-                continue
+                         keep=data.keep_train, start=skip)
+        for batch, _ in stream:
             yield batch
             step += 1
             if step >= total_steps:
