@@ -27,6 +27,7 @@ from typing import Any
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached
+from recjax.data.seek import epoch_batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 
@@ -121,19 +122,19 @@ class StaticShards:
         self._taken = [0] * num_workers
 
     def _gen(self, wid: int) -> Iterator:
-        seen, epoch = 0, 0
+        per_epoch = epoch_batches(self.data.train, self.batch_size, worker=wid,
+                                  num_workers=self.num_workers, keep=self.data.keep_train)
+        if not per_epoch:
+            raise ValueError(f"worker {wid} of {self.num_workers} gets less than one batch "
+                             f"of {self.batch_size} per epoch; lower --batch-size")
+        # the batches consumed before the checkpoint are not read (recjax.data.seek)
+        epoch, skip = divmod(self.skip, per_epoch)
         while True:
-            got = False
-            for batch, _ in batches(self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
-                                    shuffle_buffer=self.buffer, drop_remainder=True, worker=wid,
-                                    num_workers=self.num_workers, keep=self.data.keep_train):
-                got, seen = True, seen + 1
-                if seen > self.skip:  # earlier ones were consumed before the checkpoint
-                    yield batch
-            if not got:
-                raise ValueError(f"worker {wid} of {self.num_workers} gets less than one batch "
-                                 f"of {self.batch_size} per epoch; lower --batch-size")
-            epoch += 1
+            yield from (batch for batch, _ in batches(
+                self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
+                shuffle_buffer=self.buffer, drop_remainder=True, worker=wid,
+                num_workers=self.num_workers, keep=self.data.keep_train, start=skip))
+            epoch, skip = epoch + 1, 0
 
     def share(self, wid: int) -> int:
         """Batches worker `wid` takes in this run."""
@@ -190,11 +191,10 @@ class SharedList:
         while i < self.stop:
             epoch, skip = divmod(i, self.per_epoch)
             before = i
-            for pos, (batch, _) in enumerate(batches(
+            for pos, (batch, _) in enumerate(batches(  # from entry `skip` on, seeking
                     self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
-                    shuffle_buffer=self.buffer, drop_remainder=True, keep=self.data.keep_train)):
-                if pos < skip:
-                    continue
+                    shuffle_buffer=self.buffer, drop_remainder=True, keep=self.data.keep_train,
+                    start=skip), start=skip):
                 if pos >= self.per_epoch or i >= self.stop:
                     break
                 yield batch
