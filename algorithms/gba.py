@@ -86,15 +86,15 @@ class ModeRule:
         ``nothing``; ``step``, the global step after the one it pulled (one gradient per worker
         per step); ``slowest``, the slowest active worker, once ``b1`` batches ahead of it.
       aggregates: gradients per update from ``(M, N, gba config)``: the PS aggregates when its
-        buffer holds that many (`GbaServer._ready`; of gradients computed at k where `drops` is
+        buffer holds that many (`aggregation`; of gradients computed at k where `drops` is
         ``late``).
       per_worker: `aggregates` counts the N workers, so a lost worker lowers it
         (`GbaServer.lose`).
       drops: what the PS drops: ``nothing``; ``late``, a gradient pulled before k, whose round
-        closed without it (`GbaServer.push`), and only gradients at k count towards an update;
+        closed without it (`admits`), and only gradients at k count towards an update;
         ``stale``, Eq. 1's ``k - t > iota`` on the dense part, with GBA's own options
         ``dense_mean=kept`` and ``embedding_staleness=id`` (App. B Alg. 2 l. 20-23;
-        `GbaServer._apply`).
+        `aggregation`).
       paper: where the paper defines the mode.
     """
 
@@ -129,6 +129,51 @@ MODES: dict[str, ModeRule] = {
                        paper="Sec. 5.1 (Hop-BW: the b3 slowest workers' gradients ignored in "
                              "each aggregation), Table 5.1"),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """One update of the PS, as `aggregation` decides it. Attributes:
+      entries: the buffer's gradients in data-list order (the summation order).
+      keep: each one's dense verdict: Eq. 1, ``k - t <= iota``, under `ModeRule.drops`
+        ``stale``; True otherwise.
+      denominator: what the kept dense gradients' sum is divided by: the kept ones under
+        ``stale`` with ``gba.dense_mean=kept``, else every entry (Alg. 2 l. 22's M).
+      per_id: embedding rows are judged by their id's tag (App. B l. 21,
+        ``gba.embedding_staleness=id`` under ``stale``), not by their gradient's `keep`.
+    """
+
+    entries: tuple
+    keep: tuple[bool, ...]
+    denominator: int
+    per_id: bool
+
+
+def admits(rule: ModeRule, version: int, k: int) -> bool:
+    """Whether the PS at version `k` buffers a gradient computed at `version`; under `drops`
+    ``late`` one of a closed round (``version < k``: a backup worker's) is dropped at once."""
+    return not (rule.drops == "late" and version < k)
+
+
+def aggregation(rule: ModeRule, gc: Any, k: int, buffer: list, need: int) -> Update | None:
+    """The update `buffer` makes at version `k` under `rule` (gba config `gc`), or None while
+    it holds fewer than `need` gradients that count (`ModeRule.aggregates`; under `drops`
+    ``late`` only those computed at k count). ``need = 0``: the update of whatever is left (the
+    end of the data list)."""
+    counted = [g for g in buffer if g.version == k] if rule.drops == "late" else buffer
+    if not buffer or len(counted) < need:
+        return None
+    entries = tuple(sorted(buffer, key=lambda e: e.index))  # summation order: deterministic
+    stale = rule.drops == "stale"
+    keep = tuple(not stale or k - e.token <= gc.iota for e in entries)  # Eq. 1: f = 0 past iota
+    denominator = sum(keep) if stale and gc.dense_mean == "kept" else len(entries)
+    return Update(entries, keep, denominator, per_id(rule, gc))
+
+
+def per_id(rule: ModeRule, gc: Any) -> bool:
+    """Whether embedding rows are judged by their id's tag (App. B l. 21): GBA's own
+    ``embedding_staleness=id`` option of the ``stale`` rule."""
+    return rule.drops == "stale" and gc.embedding_staleness == "id"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,9 +283,7 @@ class GbaServer:
 
     def __init__(self, rt: Runtime, p: Plan, params: Any, opt_state: Any):
         self.rt, self.p, self.gc = rt, p, rt.cfg.gba
-        self.rule = rule = MODES[p.mode]
-        # App. B's row drop: Eq. 1 per id, an option of GBA's own rule
-        self.per_id = rule.drops == "stale" and self.gc.embedding_staleness == "id"
+        self.rule = MODES[p.mode]
         self.params, self.opt_state = params, opt_state
         self.version = rt.start_step  # k: updates applied, counted on from the checkpoint
         self.signal = Signal("gba-ps")
@@ -294,30 +337,27 @@ class GbaServer:
             self.lost.append(wid)
             if self.rule.per_worker and self.aggregate > 1:
                 self.aggregate -= 1
-                if self.buffer and self._ready():  # the others may all be waiting for it
-                    self._apply(self.buffer)
-                    self.buffer = []
+                self._update(self.aggregate)  # the others may all be waiting for it
         self.signal.notify()
 
     def push(self, g: Grad) -> None:
         """Buffer `g`; apply an update when the mode's rule says so (Alg. 2, push threads)."""
         with self._lock:
             self.pushed[g.wid] += 1
-            if self.rule.drops == "late" and g.version < self.version:  # round closed: a backup
+            if admits(self.rule, g.version, self.version):
+                self.buffer.append(g)
+                self._update(self.aggregate)
+            else:  # its round closed without it: a backup worker's
                 self.stats.dropped += 1
                 self.accounted += 1
-            else:
-                self.buffer.append(g)
-                if self._ready():
-                    self._apply(self.buffer)
-                    self.buffer = []
         self.signal.notify()
 
-    def _ready(self) -> bool:
-        """Whether the buffer makes an update (`ModeRule.drops` ``late``: of gradients at k)."""
-        if self.rule.drops == "late":
-            return sum(x.version == self.version for x in self.buffer) >= self.aggregate
-        return len(self.buffer) >= self.aggregate
+    def _update(self, need: int) -> None:
+        """Apply the update the buffer makes (`aggregation`), if it makes one."""
+        u = aggregation(self.rule, self.gc, self.version, self.buffer, need)
+        if u is not None:
+            self._apply(u)
+            self.buffer = []
 
     def snapshot(self) -> tuple[Any, Any, int]:
         """``(dense params, optimizer state, k)``: the tables are the embedding PS's own."""
@@ -330,42 +370,33 @@ class GbaServer:
 
     def flush(self) -> None:
         """Apply what is left in the buffer at the end of the data list (no role runs)."""
-        if self.buffer:
-            self._apply(self.buffer)
-            self.buffer = []
+        self._update(0)
 
     # -- the update -------------------------------------------------------------------------
-    def _apply(self, entries: list[Grad]) -> None:
-        """One update from `entries` (Eq. 1 and Alg. 2 l. 17-23); k += 1."""
-        rt, gc, k = self.rt, self.gc, self.version
-        entries = sorted(entries, key=lambda e: e.index)  # summation order: deterministic
-        if self.rule.drops == "stale":
-            keep = [k - e.token <= gc.iota for e in entries]  # Eq. 1: f = 0 when k - t > iota
-        else:
-            keep = [True] * len(entries)
-        kept = [e for e, ok in zip(entries, keep) if ok]
-        self.stats.dropped += len(entries) - len(kept)
+    def _apply(self, u: Update) -> None:
+        """One update (Eq. 1 and Alg. 2 l. 17-23, as `aggregation` decided it); k += 1."""
+        rt, k = self.rt, self.version
+        kept = [e for e, ok in zip(u.entries, u.keep) if ok]
+        self.stats.dropped += len(u.entries) - len(kept)
         self.stats.applied += len(kept)
-        self.accounted += len(entries)
+        self.accounted += len(u.entries)
         for e in kept:
             self.stats.dense_staleness[k - e.version] += 1
         if kept:
-            kept_only = self.rule.drops == "stale" and gc.dense_mean == "kept"
-            denom = len(kept) if kept_only else len(entries)
             total = kept[0].dense
             for e in kept[1:]:
                 total = _tree_add(total, e.dense)
-            mean = total if denom == 1 else _tree_scale(total, 1.0 / denom)
+            mean = total if u.denominator == 1 else _tree_scale(total, 1.0 / u.denominator)
             self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state, mean)
         # App. B Alg. 2 l. 20-21: the dense part is judged by k - token (Eq. 1), each embedding
         # row apart from it, by its id's tag - token (`_apply_rows`): the rows of a gradient
         # whose dense part Eq. 1 dropped are judged too, and a scarce id's row survives.
-        if kept or self.per_id:
-            self._apply_rows(entries, keep)
+        if kept or u.per_id:
+            self._apply_rows(u)
         self.stats.updates += 1
         self.version += 1
 
-    def _apply_rows(self, entries: list[Grad], keep: list[bool] | None = None) -> None:
+    def _apply_rows(self, u: Update) -> None:
         """Per table: the rows' f (Alg. 2 l. 21), then each id's f-weighted sum over the
         gradients that touched it, divided by how many touched it (l. 23).
 
@@ -376,14 +407,11 @@ class GbaServer:
         ``embedding_mean=touched``'s denominator, as a dropped gradient counts in l. 22's
         ``N_a`` (docs/gba.md).
 
-        Args:
-          entries: the gradients of the update, in index order.
-          keep: each gradient's Eq. 1 verdict (None: all kept).
         """
         rt, gc, k = self.rt, self.gc, self.version
-        keep = [True] * len(entries) if keep is None else keep
+        entries, keep = u.entries, u.keep
         n_entries = len(entries)
-        if n_entries == 1 and keep[0] and not self.per_id:
+        if n_entries == 1 and keep[0] and not u.per_id:
             # one gradient (async, or a buffer of one): its rows are unique already and each
             # was touched once, so the mean is the sum; push it as it came
             e = entries[0]
@@ -408,7 +436,7 @@ class GbaServer:
             pulled = np.repeat([e.version for e in entries], n_of)
             token = np.repeat([e.token for e in entries], n_of)  # t of each row's gradient
             tag = self.tag.get(t.name, ids)
-            if self.per_id:
+            if u.per_id:
                 ok = tag - token <= gc.iota  # l. 21: Eq. 1 with the id's tag for k
                 self.stats.dropped_rows += int((~ok).sum())
             else:
@@ -600,7 +628,8 @@ def server_warm(server: GbaServer, warm: tuple) -> None:
     saved = rt.ps.snapshot()
     step0 = [sh.step if sh.tables else 0 for sh in rt.ps.shards]
     n = server.p.aggregate  # the shapes of a full update (a buffer of one takes a fast path)
-    server._apply_rows([Grad(0, 0, 0, 0, g, rows, sums)] * n)
+    server._apply_rows(Update((Grad(0, 0, 0, 0, g, rows, sums),) * n, (True,) * n, n,
+                              per_id(server.rule, server.gc)))
     jax.block_until_ready(rt.dense_apply(server.params, server.opt_state, g))
     rt.ps.restore(*saved)  # undo the probe: tables, slots, optimizer steps, tags, counters
     for sh, st in zip(rt.ps.shards, step0):

@@ -281,7 +281,8 @@ def test_rows_dropped_by_their_last_update_leave_the_tables_alone():
         before = rt.ps.snapshot()[0]
         for name, (ids, n) in rows.items():
             server.tag.set(name, ids[:n], 5)
-        server._apply_rows([gba.Grad(0, 0, 0, 0, g, rows, sums)] * 2)
+        server._apply_rows(gba.aggregation(server.rule, server.gc, server.version,
+                                           [gba.Grad(0, 0, 0, 0, g, rows, sums)] * 2, 0))
         assert server.stats.dropped_rows == 2 * sum(n for _, n in rows.values())
         np.testing.assert_equal(rt.ps.snapshot()[0], before)
 
@@ -329,9 +330,10 @@ def _update_of(staleness, tagged_at=4):
             server.tag.set(name, ids[:half[name]], tagged_at)
         before = rt.ps.snapshot()[0]
         server.version = 5
-        server._apply([gba.Grad(i, i, t, 4, g, rows, {k: np.asarray(v) * np.float32(i + 1)
-                                                       for k, v in sums.items()})
-                       for i, t in enumerate((5, 5, 5, 2))])
+        server._apply(gba.aggregation(server.rule, server.gc, 5, [
+            gba.Grad(i, i, t, 4, g, rows, {k: np.asarray(v) * np.float32(i + 1)
+                                           for k, v in sums.items()})
+            for i, t in enumerate((5, 5, 5, 2))], 0))
         after = rt.ps.snapshot()[0]
         deltas = {k: np.asarray(after[k]) - np.asarray(before[k]) for k in after}
         return deltas, rows, half, server.stats
