@@ -122,18 +122,22 @@ class StaticShards:
         self._taken = [0] * num_workers
 
     def _gen(self, wid: int) -> Iterator:
-        per_epoch = epoch_batches(self.data.train, self.batch_size, worker=wid,
-                                  num_workers=self.num_workers, keep=self.data.keep_train)
-        if not per_epoch:
-            raise ValueError(f"worker {wid} of {self.num_workers} gets less than one batch "
-                             f"of {self.batch_size} per epoch; lower --batch-size")
-        # the batches consumed before the checkpoint are not read (recjax.data.seek)
-        epoch, skip = divmod(self.skip, per_epoch)
+        epoch, skip = 0, self.skip
+        if skip:  # the batches consumed before the checkpoint are not read (recjax.data.seek)
+            per_epoch = epoch_batches(self.data.train, self.batch_size, worker=wid,
+                                      num_workers=self.num_workers, keep=self.data.keep_train)
+            epoch, skip = divmod(skip, max(per_epoch, 1))
         while True:
-            yield from (batch for batch, _ in batches(
-                self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
-                shuffle_buffer=self.buffer, drop_remainder=True, worker=wid,
-                num_workers=self.num_workers, keep=self.data.keep_train, start=skip))
+            got = False
+            for batch, _ in batches(self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
+                                    shuffle_buffer=self.buffer, drop_remainder=True, worker=wid,
+                                    num_workers=self.num_workers, keep=self.data.keep_train,
+                                    start=skip):
+                got = True
+                yield batch
+            if not got and not skip:
+                raise ValueError(f"worker {wid} of {self.num_workers} gets less than one batch "
+                                 f"of {self.batch_size} per epoch; lower --batch-size")
             epoch, skip = epoch + 1, 0
 
     def share(self, wid: int) -> int:
