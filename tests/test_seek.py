@@ -203,3 +203,25 @@ def test_text_source_not_cached_replays():
     got = list(itertools.islice(batches(source, 64, seed=0, epoch=0, shuffle_buffer=100,
                                         drop_remainder=True, start=5), 4))
     assert_batches_equal(got, want)
+
+
+@pytest.mark.parametrize("make", ["arrays", "cached"])
+def test_a_workers_share_reads_its_own_examples(make):
+    """In memory, worker w of W reads the examples with row % W == w and no other (the count
+    of a `Counted` view and the source's own); a hold-out split reads its side only."""
+    from recjax.data.seek import Counted
+
+    n = 403
+    src = arrays(n)
+    if make == "cached":
+        src = cached(src)
+        list(src.chunks())
+    keep = holdout_split(2, 0.3)[0]
+    for w in range(3):
+        view, before = Counted(src), src.rows_read
+        list(batches(view, B, seed=0, epoch=0, shuffle_buffer=50, drop_remainder=True,
+                     worker=w, num_workers=3))
+        assert view.rows == len(range(w, n, 3)) == src.rows_read - before
+    view = Counted(src)
+    list(batches(view, B, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True, keep=keep))
+    assert view.rows == int(np.count_nonzero(keep(np.arange(n))))

@@ -156,6 +156,7 @@ class ArraySource:
 
     # ------------------------------------------------------------------ seeking (recjax.data.seek)
     rows_read = 0  # rows handed out (an instance attribute once counted)
+    random_access = True  # in memory: a worker's share is read by position (recjax.data.seek)
 
     def seekable(self) -> bool:
         return True

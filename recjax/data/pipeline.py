@@ -58,9 +58,9 @@ def batches(source: DataSource, batch_size: int, *, seed: int, epoch: int, shuff
     if shuffle_buffer < 0 or seed < 0 or epoch < 0:
         raise ValueError(f"shuffle_buffer, seed and epoch must be >= 0, got "
                          f"{shuffle_buffer}, {seed}, {epoch}")
-    if start:
-        from recjax.data import seek
+    from recjax.data import seek  # (it builds on this module)
 
+    if start:
         if not seek.seekable(source) or not drop_remainder:  # (a padded last batch: replay)
             return itertools.islice(batches(
                 source, batch_size, seed=seed, epoch=epoch, shuffle_buffer=shuffle_buffer,
@@ -72,7 +72,7 @@ def batches(source: DataSource, batch_size: int, *, seed: int, epoch: int, shuff
         return seek.resume(source, pos, batch_size, shuffle_buffer=shuffle_buffer,
                            drop_remainder=drop_remainder, worker=worker,
                            num_workers=num_workers, keep=keep)
-    stream = select(source.chunks(), worker=worker, num_workers=num_workers, keep=keep)
+    stream = seek.select_stream(source, 0, worker, num_workers, keep)
     if shuffle_buffer:
         rng = np.random.default_rng([seed, epoch, worker])
         stream = shuffle(stream, shuffle_buffer, rng)
@@ -255,6 +255,11 @@ class CachedSource:
         from recjax.data.seek import seekable
 
         return self._chunks is not None or seekable(self.source)
+
+    @property
+    def random_access(self) -> bool:
+        """Examples are read by position at no more cost than in a pass (held in memory)."""
+        return self._chunks is not None
 
     def chunk_sizes(self) -> list[int]:
         if self._chunks is None:

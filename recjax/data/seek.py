@@ -31,6 +31,10 @@ A source can seek when it has (`seekable`):
 * ``chunks(start)``: a pass from stream position ``start`` on, cut where a whole pass is cut;
 * ``take_rows(positions) -> Chunk``: the examples at these positions, in this order;
 * ``rows_read``: examples read (decoded, generated or handed out of memory) so far.
+
+A source that holds its examples in memory (``random_access``) is also read by position when
+a worker's share or a hold-out split keeps only some of them (`selected`): a worker reads its
+own examples, not the whole pass.
 """
 
 from __future__ import annotations
@@ -92,6 +96,31 @@ def _kept(source, c: int, start: int, size: int, worker: int, num_workers: int,
     if keep is not None:
         mask &= np.asarray(keep(rows), bool)
     return start + np.flatnonzero(mask).astype(np.int64)
+
+
+def selected(source, start: int = 0, *, worker: int = 0, num_workers: int = 1,
+             keep: Keep | None = None) -> Iterator[Chunk]:
+    """What `select` yields from ``source.chunks(start)``, read by position: only the kept
+    examples are read (for a source held in memory, ``random_access``: a worker's share or a
+    hold-out split reads its own examples, not the whole pass)."""
+    first = 0
+    for c, size in enumerate(source.chunk_sizes()):
+        if first + size > start:
+            kept = _kept(source, c, first, size, worker, num_workers, keep)
+            kept = kept[kept >= start] if start > first else kept
+            if kept.size:
+                yield source.take_rows(kept)
+        first += size
+
+
+def select_stream(source, start: int, worker: int, num_workers: int, keep: Keep | None
+                  ) -> Iterator[Chunk]:
+    """`select` over a pass from `start`: by position (`selected`) when the source holds its
+    examples in memory and some are dropped, else over its chunks."""
+    if getattr(source, "random_access", False) and (num_workers > 1 or keep is not None):
+        return selected(source, start, worker=worker, num_workers=num_workers, keep=keep)
+    return select(source.chunks(start) if start else source.chunks(), worker=worker,
+                  num_workers=num_workers, keep=keep)
 
 
 def epoch_rows(source, *, worker: int = 0, num_workers: int = 1,
@@ -158,8 +187,7 @@ def resume(source, pos: Position, batch_size: int, *, shuffle_buffer: int, drop_
     head = [source.take_rows(pos.pending)] if pos.pending.size else []
     if pos.done:
         return rebatch(iter(head), batch_size, drop_remainder=drop_remainder)
-    stream = select(source.chunks(pos.cursor), worker=worker, num_workers=num_workers,
-                    keep=keep)
+    stream = select_stream(source, pos.cursor, worker, num_workers, keep)
     if shuffle_buffer:
         rng = np.random.default_rng()
         rng.bit_generator.state = pos.rng
@@ -199,3 +227,26 @@ def epoch_batches(source, batch_size: int, *, worker: int = 0, num_workers: int 
         n = sum(c.size for c in select(source.chunks(), worker=worker, num_workers=num_workers,
                                        keep=keep))
     return n // batch_size
+
+
+class Counted:
+    """A source seen through a counter: ``rows`` examples read through this view (one
+    worker's reads of a source shared by several; everything else is the source's own)."""
+
+    def __init__(self, source):
+        self.source, self.rows = source, 0
+
+    def __getattr__(self, name: str):
+        if name == "source":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        for chunk in self.source.chunks(start) if start else self.source.chunks():
+            self.rows += chunk.size
+            yield chunk
+
+    def take_rows(self, positions: np.ndarray) -> Chunk:
+        out = self.source.take_rows(positions)
+        self.rows += out.size
+        return out

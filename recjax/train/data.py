@@ -29,6 +29,8 @@ class RunData:
       keep_train, keep_eval: row predicates selecting each split (None = every row).
       eval_desc: what the eval set is, for logs and summary.json.
       train_rows, eval_rows: examples in each split.
+      readers: the host-async supplies' views of `train`, by name (``worker 0``, ...,
+        ``data list``), each counting the examples read through it (`rows_read`).
     """
 
     train: DataSource
@@ -38,10 +40,22 @@ class RunData:
     eval_desc: str
     train_rows: int
     eval_rows: int
+    readers: dict = dataclasses.field(default_factory=dict)
 
     @property
     def spec(self) -> FeatureSpec:
         return self.train.spec
+
+
+def rows_read(data: RunData) -> dict:
+    """Examples the run's sources read (decoded, generated or handed out of memory; a text
+    sample's parse at open is not counted), for summary.json: ``train``, ``eval`` (the same
+    number when eval is a hold-out of train: one source) and, in host-async runs, per reader."""
+    out = {"train": getattr(data.train, "rows_read", None),
+           "eval": getattr(data.eval, "rows_read", None)}
+    if data.readers:
+        out["by_reader"] = {name: view.rows for name, view in data.readers.items()}
+    return out
 
 
 def train_shuffle_buffer(data: RunData, configured: int) -> int:
