@@ -27,7 +27,7 @@ from typing import Any
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached
-from recjax.data.seek import epoch_batches
+from recjax.data.seek import Counted, epoch_batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 
@@ -122,14 +122,15 @@ class StaticShards:
         self._taken = [0] * num_workers
 
     def _gen(self, wid: int) -> Iterator:
+        source = self.data.readers[f"worker {wid}"] = Counted(self.data.train)  # its reads
         epoch, skip = 0, self.skip
         if skip:  # the batches consumed before the checkpoint are not read (recjax.data.seek)
-            per_epoch = epoch_batches(self.data.train, self.batch_size, worker=wid,
+            per_epoch = epoch_batches(source, self.batch_size, worker=wid,
                                       num_workers=self.num_workers, keep=self.data.keep_train)
             epoch, skip = divmod(skip, max(per_epoch, 1))
         while True:
             got = False
-            for batch, _ in batches(self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
+            for batch, _ in batches(source, self.batch_size, seed=self.seed, epoch=epoch,
                                     shuffle_buffer=self.buffer, drop_remainder=True, worker=wid,
                                     num_workers=self.num_workers, keep=self.data.keep_train,
                                     start=skip):
@@ -191,12 +192,13 @@ class SharedList:
                                   name="recjax-prefetch-list")
 
     def _gen(self) -> Iterator:
+        source = self.data.readers["data list"] = Counted(self.data.train)  # its reads
         i = self.start
         while i < self.stop:
             epoch, skip = divmod(i, self.per_epoch)
             before = i
             for pos, (batch, _) in enumerate(batches(  # from entry `skip` on, seeking
-                    self.data.train, self.batch_size, seed=self.seed, epoch=epoch,
+                    source, self.batch_size, seed=self.seed, epoch=epoch,
                     shuffle_buffer=self.buffer, drop_remainder=True, keep=self.data.keep_train,
                     start=skip), start=skip):
                 if pos >= self.per_epoch or i >= self.stop:
