@@ -14,8 +14,9 @@ sequence's table, with ``mask[b, f, 0] = 0`` at the positions past the example's
   field that shares the sequence's table (Taobao's ``adgroup_id`` for ``click_sequence``).
 
 This is the "padded with lengths" layout of issue 39 (the mask is the lengths); values + offsets
-would need a boundary of another shape through every algorithm. docs/models.md gives the
-measured cost of the padding (scripts/bench_din_layout.py).
+would need a boundary of another shape through every algorithm. It is not as fast: the padding is
+looked up and weighed too, and docs/models.md gives what that costs against values + offsets
+(``python -m recjax.tools.bench_seq_layout``).
 
 `unroll_spec` / `unroll_chunk` turn a multi-hot field into position fields (used by the data
 kind ``seq:KIND:PATH``, recjax/data/synthetic_seq.py).

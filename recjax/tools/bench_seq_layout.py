@@ -1,0 +1,126 @@
+"""Padded sequences (with a mask) against values + offsets, for DIN's attention pooling.
+
+    python -m recjax.tools.bench_seq_layout [--batch 4096] [--max-len 20] [--repeats 7]
+
+One jitted forward + backward of: the lookup of each behaviour's rows (S = 2 tables of width D,
+as the synthetic teacher's item and category), DIN's activation unit (recjax/models/din.py, 36
+PReLU units) and the weighted sum (Eq. 3), a linear head and the logistic loss; gradients of
+the unit, the head and every looked-up row. Two layouts of the same sequences:
+
+* padded: ids [B, L] and a mask, every position looked up and weighed (padding's rows are
+  multiplied by 0), the layout recjax carries (recjax/models/sequence.py);
+* jagged: the N real ids as values [N_cap] with segment ids (offsets), N_cap = N rounded up to
+  a multiple of 1,024 (XLA needs a static shape; a run of batches would compile once per
+  capacity), the unit on N_cap rows and a ``segment_sum`` to [B, K].
+
+Lengths are drawn uniform in [1, L] (the teacher's; mean (L + 1) / 2) and geometric with mean
+L / 5 (a skewed log, most sequences short). Repeats interleave the layouts; the table gives each
+layout's median examples/s and the median of the per-repeat ratios jagged / padded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from recjax.models.din import ActivationUnit
+
+S, D, V, HIDDEN = 2, 8, 100_000, (36,)
+
+
+def _lengths(kind: str, b: int, max_len: int, rng) -> np.ndarray:
+    if kind == "uniform":
+        return rng.integers(1, max_len + 1, b)
+    return np.minimum(rng.geometric(5.0 / max_len, b), max_len)
+
+
+def _steps(b: int, max_len: int, cap: int):
+    unit = ActivationUnit(HIDDEN)
+    k = S * D
+
+    def head(v_u, q, w_out):
+        return jnp.concatenate([v_u, q], 1) @ w_out
+
+    def loss_padded(params, tables, ids, mask, tgt, label):
+        e = jnp.concatenate([jnp.take(t, ids, axis=0) for t in tables], -1) * mask[..., None]
+        q = jnp.concatenate([jnp.take(t, tgt, axis=0) for t in tables], -1)
+        w = unit.apply({"params": params["att"]}, e, q)
+        logit = head(jnp.einsum("bl,blk->bk", w, e), q, params["out"])[:, 0]
+        return jnp.mean(jax.nn.softplus(logit) - logit * label)
+
+    def loss_jagged(params, tables, values, seg, tgt, label):
+        e = jnp.concatenate([jnp.take(t, values, axis=0) for t in tables], -1)  # [N_cap, K]
+        q = jnp.concatenate([jnp.take(t, tgt, axis=0) for t in tables], -1)  # [B, K]
+        w = unit.apply({"params": params["att"]}, e[:, None, :], q[jnp.minimum(seg, b - 1)])
+        v_u = jax.ops.segment_sum(w * e, seg, num_segments=b)  # seg = b: capacity padding
+        logit = head(v_u, q, params["out"])[:, 0]
+        return jnp.mean(jax.nn.softplus(logit) - logit * label)
+
+    grad = dict(argnums=(0, 1))
+    init = unit.init(jax.random.key(0), jnp.zeros((1, 1, k)), jnp.zeros((1, k)))["params"]
+    params = {"att": init, "out": jnp.zeros((2 * k, 1))}
+    return (params, jax.jit(jax.value_and_grad(loss_padded, **grad)),
+            jax.jit(jax.value_and_grad(loss_jagged, **grad)))
+
+
+def run(batch: int, max_len: int, repeats: int, steps: int = 10) -> list[dict]:
+    rng = np.random.default_rng(0)
+    tables = [jnp.asarray(rng.normal(0, 0.1, (V, D)), jnp.float32) for _ in range(S)]
+    rows = []
+    for kind in ("uniform", "geometric"):
+        lengths = _lengths(kind, batch, max_len, rng)
+        n = int(lengths.sum())
+        cap = -(-n // 1024) * 1024
+        ids = rng.integers(0, V, (batch, max_len)).astype(np.int32)
+        mask = (np.arange(max_len)[None, :] < lengths[:, None]).astype(np.float32)
+        values = np.zeros(cap, np.int32)
+        values[:n] = ids[mask > 0]
+        seg = np.full(cap, batch, np.int32)
+        seg[:n] = np.repeat(np.arange(batch), lengths)
+        tgt = rng.integers(0, V, batch).astype(np.int32)
+        label = (rng.random(batch) < 0.3).astype(np.float32)
+        params, padded, jagged = _steps(batch, max_len, cap)
+        args = {"padded": (padded, (params, tables, ids, mask, tgt, label)),
+                "jagged": (jagged, (params, tables, values, seg, tgt, label))}
+        lp = float(padded(*args["padded"][1])[0])
+        lj = float(jagged(*args["jagged"][1])[0])
+        assert abs(lp - lj) < 1e-5 * max(1.0, abs(lp)), (lp, lj)  # the same sequences
+        times = {name: [] for name in args}
+        for _ in range(repeats):
+            for name, (fn, a) in args.items():
+                jax.block_until_ready(fn(*a))
+                t = time.perf_counter()
+                for _ in range(steps):
+                    out = fn(*a)
+                jax.block_until_ready(out)
+                times[name].append((time.perf_counter() - t) / steps)
+        ratio = np.median(np.array(times["padded"]) / np.array(times["jagged"]))
+        rows.append({"lengths": kind, "mean_len": float(lengths.mean()), "max_len": max_len,
+                     "batch": batch, "capacity": cap,
+                     "padded_ex_s": batch / float(np.median(times["padded"])),
+                     "jagged_ex_s": batch / float(np.median(times["jagged"])),
+                     "jagged_over_padded": float(ratio)})
+    return rows
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--max-len", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=7)
+    args = p.parse_args(argv)
+    print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()}")
+    for r in run(args.batch, args.max_len, args.repeats):
+        print(f"lengths {r['lengths']:9s} mean {r['mean_len']:5.2f} of L={r['max_len']}, "
+              f"B={r['batch']}: padded {r['padded_ex_s']:10,.0f} ex/s, jagged (capacity "
+              f"{r['capacity']}) {r['jagged_ex_s']:10,.0f} ex/s, jagged/padded speed "
+              f"x{r['jagged_over_padded']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
