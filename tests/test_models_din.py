@@ -294,3 +294,32 @@ def test_every_algorithm_trains_it(algo):
     summary = algorithms.run(_algo_cfg(algo))
     assert summary["steps"] == 16 and np.isfinite(summary["train_ne"])
     assert np.isfinite(summary["eval_ne"]) and 0.0 < summary["eval_auc"] < 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["data_parallel", "table_wise", "row_wise", "column_wise"])
+def test_sync_with_each_table_sharding_equals_single(sharding):
+    """sync on 2 devices (the sequence's rows sharded as told, sync's routed lookups on the row-
+    wise ones) reaches single's train and eval numbers on the same batches."""
+    import algorithms
+
+    cfg = _algo_cfg("sync")
+    spmd = dataclasses.replace(cfg.spmd, table_rules=f".*:{sharding}")
+    sync = algorithms.run(dataclasses.replace(cfg, spmd=spmd))
+    single = algorithms.run(_algo_cfg("single"))
+    for key in ("train_ne", "eval_ne", "eval_auc"):
+        assert sync[key] == pytest.approx(single[key], rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_persia_compresses_the_sequence_activations():
+    """Persia's activation path with fp16 compression (--persia.compress both) carries the
+    position fields' activations like any field's, in fewer bytes."""
+    import algorithms
+
+    cfg = _algo_cfg("persia")
+    cfg = dataclasses.replace(cfg, persia=dataclasses.replace(cfg.persia, compress="both"))
+    s = algorithms.run(cfg)
+    assert s["steps"] == 16 and np.isfinite(s["eval_ne"]) and 0.0 < s["eval_auc"] < 1.0
+    sent = s["bytes"]["embedding->nn"]
+    assert sent["sent"] < sent["raw"]
