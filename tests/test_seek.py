@@ -225,3 +225,29 @@ def test_a_workers_share_reads_its_own_examples(make):
     view = Counted(src)
     list(batches(view, B, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True, keep=keep))
     assert view.rows == int(np.count_nonzero(keep(np.arange(n))))
+
+
+@pytest.mark.parametrize("make", ["arrays", "cached"])
+def test_block_batches_hold_this_process_rows_of_the_global_batches(make):
+    """A process's block (rows [lo, hi) of every global batch) equals those rows of the
+    batches one process makes, the other rows are zero, and only the block is read."""
+    from recjax.train.data import block_batches
+
+    src = arrays(403, chunk_rows=64)
+    if make == "cached":
+        src = cached(src)
+        list(src.chunks())
+    keep = holdout_split(2, 0.2)[0]
+    order = dict(seed=4, epoch=2, shuffle_buffer=100, keep=keep)
+    want = list(batches(src, 32, drop_remainder=True, **order))
+    for rows, start in ((slice(0, 16), 0), (slice(16, 32), 0), (slice(8, 24), 3)):
+        before = src.rows_read
+        got = list(block_batches(src, 32, rows, start=start, **order))
+        assert len(got) == len(want) - start
+        for g, (w, _) in zip(got, want[start:]):
+            for a, b in zip(g, w):
+                if b is None:
+                    continue
+                np.testing.assert_array_equal(a[rows], b[rows])
+                assert not a[:rows.start].any() and not a[rows.stop:].any()
+        assert src.rows_read - before == len(got) * 16

@@ -212,7 +212,7 @@ class ParquetSource:
         return int(self.manifest["rows"])
 
     def __getstate__(self) -> dict:  # open files stay behind; another process opens its own
-        return {**self.__dict__, "_open_files": {}}
+        return {**self.__dict__, "_open_files": {}, "_last": (None,)}
 
     def _check_multi_hot_len(self, multi_hot_len: int) -> int:
         multi = [f.name for f in self.layout.fields if f.multi_hot]
@@ -383,8 +383,13 @@ class ParquetSource:
         """The examples at these stream positions, in this order (each row group read once)."""
         from recjax.data.seek import gather
 
-        return gather([g.rows for g in self.groups], lambda g: self.read_group(self.groups[g]),
-                      positions)
+        def read(g: int) -> Chunk:  # the last group is kept: a block after block reads it once
+            last = getattr(self, "_last", (None,))  # one read: safe when threads share it
+            if last[0] != g:
+                last = self._last = (g, self.read_group(self.groups[g]))
+            return last[1]
+
+        return gather([g.rows for g in self.groups], read, positions)
 
     def _emit(self, parts: list[Chunk]) -> Chunk:
         chunk = concat_chunks(parts)

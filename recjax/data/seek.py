@@ -250,3 +250,31 @@ class Counted:
         out = self.source.take_rows(positions)
         self.rows += out.size
         return out
+
+
+def position_batches(source, batch_size: int, *, seed: int, epoch: int, shuffle_buffer: int,
+                     worker: int = 0, num_workers: int = 1, keep: Keep | None = None
+                     ) -> Iterator[np.ndarray]:
+    """The stream positions of each full batch of the epoch (`batches` with drop_remainder,
+    on positions: no example read), for a reader that reads only a block of every batch."""
+    shuf = (Shuffle(shuffle_buffer, np.random.default_rng([seed, epoch, worker]), POSITIONS)
+            if shuffle_buffer else None)
+
+    def outputs() -> Iterator[np.ndarray]:
+        start = 0
+        for c, size in enumerate(source.chunk_sizes()):
+            kept = _kept(source, c, start, size, worker, num_workers, keep)
+            start += size
+            if kept.size:
+                yield from (shuf.feed(kept) if shuf is not None else (kept,))
+        rest = shuf.flush() if shuf is not None else None
+        if rest is not None:
+            yield rest
+
+    pending = np.zeros(0, np.int64)
+    for out in outputs():
+        pending = np.concatenate([pending, out])
+        full = pending.size - pending.size % batch_size
+        for lo in range(0, full, batch_size):
+            yield pending[lo:lo + batch_size]
+        pending = pending[full:]

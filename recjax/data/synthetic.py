@@ -269,9 +269,12 @@ class SyntheticSource:
     def take_rows(self, positions: np.ndarray) -> Chunk:
         from recjax.data.seek import gather
 
-        def read(c: int) -> Chunk:
-            self.rows_read += self.chunk_sizes()[c]
-            return self._generate(c, self.chunk_sizes()[c])[0]
+        def read(c: int) -> Chunk:  # the last chunk is kept: a block after block makes it once
+            last = getattr(self, "_last", (None,))  # one read: safe when threads share it
+            if last[0] != c:
+                self.rows_read += self.chunk_sizes()[c]
+                last = self._last = (c, self._generate(c, self.chunk_sizes()[c])[0])
+            return last[1]
 
         return gather(self.chunk_sizes(), read, positions)
 

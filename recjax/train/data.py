@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from recjax.batch import Batch, to_batch
 from recjax.config import Config
 from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
 from recjax.data.columnar import ParquetSource
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import cached, holdout_split
-from recjax.data.seek import epoch_rows, seekable
+from recjax.data.seek import epoch_rows, position_batches, seekable
 from recjax.data.sources import open_source
 from recjax.data.synthetic import SyntheticSource, synthetic_name
 from recjax.features import FeatureSpec
@@ -56,6 +58,43 @@ def rows_read(data: RunData) -> dict:
     if data.readers:
         out["by_reader"] = {name: view.rows for name, view in data.readers.items()}
     return out
+
+
+def process_rows(strategy, batch_size: int) -> slice | None:
+    """The rows of every global batch this process's devices hold, in a multi-process SPMD run
+    (the batch is split on the mesh's ``data`` axis, `sharding.spmd.batch_specs`); None in a
+    single process or for a strategy without a mesh."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = getattr(strategy, "mesh", None)
+    if jax.process_count() == 1 or mesh is None:
+        return None
+    index = NamedSharding(mesh, PartitionSpec("data")).addressable_devices_indices_map(
+        (batch_size,))
+    spans = [ix[0].indices(batch_size)[:2] for ix in index.values()]
+    return slice(min(a for a, _ in spans), max(b for _, b in spans))
+
+
+def block_batches(source, batch_size: int, rows: slice, *, start: int = 0,
+                  **order) -> Iterator[Batch]:
+    """Batches of `batch_size` rows of which only ``rows`` hold examples, read by position
+    (`recjax.data.seek.position_batches`): this process's block of each global batch, the
+    other rows zero (`sharding.arrays.put` hands each process's devices its block only).
+
+    Args:
+      start: the first batch of the epoch; `order`: `batches`' seed, epoch, shuffle_buffer,
+        keep (the global order, so the blocks of all processes make the global batches).
+    """
+    for positions in itertools.islice(position_batches(source, batch_size, **order), start,
+                                      None):
+        block, _ = to_batch(source.take_rows(positions[rows]))
+        full = Batch(*(None if a is None else np.zeros((batch_size, *a.shape[1:]), a.dtype)
+                       for a in block))
+        for a, b in zip(full, block):
+            if a is not None:
+                a[rows] = b
+        yield full
 
 
 def train_shuffle_buffer(data: RunData, configured: int) -> int:
