@@ -21,9 +21,10 @@ from recjax.batch import Batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
+from recjax.data.seek import seekable
 from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract, signals
-from recjax.train.data import RunData, open_data, train_shuffle_buffer
+from recjax.train.data import RunData, block_batches, open_data, process_rows, train_shuffle_buffer
 from recjax.train.early_stop import EarlyStopper
 from recjax.train.setup import build
 from recjax.train.step import StepMetrics, TrainState, eval_params, jit_predict, jit_train_step
@@ -98,19 +99,24 @@ class SingleDevice:
 
 
 def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
-                  steps_per_epoch: int) -> Iterator[Batch]:
+                  steps_per_epoch: int, rows: slice | None = None) -> Iterator[Batch]:
     """Training batches for steps [start_step, total_steps): epoch e is shuffled by (seed, e).
 
     A resumed run starts at its step's batch of its epoch without reading the examples of the
-    batches before it (`recjax.data.seek`; a source that cannot seek is read and skipped)."""
+    batches before it (`recjax.data.seek`; a source that cannot seek is read and skipped).
+    With `rows` (a multi-process run: `process_rows`), a seekable source reads only those rows
+    of each batch, this process's block (`block_batches`)."""
     step = start_step
     epoch, skip = divmod(start_step, steps_per_epoch)
     buffer = train_shuffle_buffer(data, cfg.data.shuffle_buffer)
+    block = rows is not None and seekable(data.train)
     while step < total_steps:
-        stream = batches(data.train, cfg.train.batch_size, seed=cfg.train.seed, epoch=epoch,
-                         shuffle_buffer=buffer, drop_remainder=True,
-                         keep=data.keep_train, start=skip)
-        for batch, _ in stream:
+        order = dict(seed=cfg.train.seed, epoch=epoch, shuffle_buffer=buffer, keep=data.keep_train)
+        stream = (block_batches(data.train, cfg.train.batch_size, rows, start=skip, **order)
+                  if block else
+                  (b for b, _ in batches(data.train, cfg.train.batch_size, drop_remainder=True,
+                                         start=skip, **order)))
+        for batch in stream:
             yield batch
             step += 1
             if step >= total_steps:
@@ -179,7 +185,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         contract.save(best_ckpt, cfg, strategy.unshard(state), progress, t - t0)
         paused += time.perf_counter() - t
 
-    prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch),
+    rows = process_rows(strategy, tc.batch_size)  # None but in a multi-process run
+    prefetch = Prefetcher(train_batches(cfg, data, start_step, stop_at, steps_per_epoch, rows),
                           depth=cfg.data.prefetch, transform=strategy.put_batch)
     try:
         for batch in prefetch:
