@@ -2,10 +2,11 @@
 
     python -m recjax.tools.bench_seq_layout [--batch 4096] [--max-len 20] [--repeats 7]
 
-One jitted forward + backward of: the lookup of each behaviour's rows (S = 2 tables of width D,
-as the synthetic teacher's item and category), DIN's activation unit (recjax/models/din.py, 36
-PReLU units) and the weighted sum (Eq. 3), a linear head and the logistic loss; gradients of
-the unit, the head and every looked-up row. Two layouts of the same sequences:
+One jitted step of: the lookup of each behaviour's rows (S = 2 tables of width D, as the
+synthetic teacher's item and category), then forward + backward of DIN's activation unit
+(recjax/models/din.py, 36 PReLU units), the weighted sum (Eq. 3), a linear head and the logistic
+loss, with gradients of the unit, the head and every looked-up row (the trainer's boundary; the
+sparse update that scatters them is left out). Two layouts of the same sequences:
 
 * padded: ids [B, L] and a mask, every position looked up and weighed (padding's rows are
   multiplied by 0), the layout recjax carries (recjax/models/sequence.py);
@@ -39,33 +40,39 @@ def _lengths(kind: str, b: int, max_len: int, rng) -> np.ndarray:
     return np.minimum(rng.geometric(5.0 / max_len, b), max_len)
 
 
-def _steps(b: int, max_len: int, cap: int):
+def _steps(b: int):
     unit = ActivationUnit(HIDDEN)
     k = S * D
 
     def head(v_u, q, w_out):
         return jnp.concatenate([v_u, q], 1) @ w_out
 
-    def loss_padded(params, tables, ids, mask, tgt, label):
-        e = jnp.concatenate([jnp.take(t, ids, axis=0) for t in tables], -1) * mask[..., None]
-        q = jnp.concatenate([jnp.take(t, tgt, axis=0) for t in tables], -1)
+    def loss_padded(params, e, q, mask, label):
+        e = e * mask[..., None]
         w = unit.apply({"params": params["att"]}, e, q)
         logit = head(jnp.einsum("bl,blk->bk", w, e), q, params["out"])[:, 0]
         return jnp.mean(jax.nn.softplus(logit) - logit * label)
 
-    def loss_jagged(params, tables, values, seg, tgt, label):
-        e = jnp.concatenate([jnp.take(t, values, axis=0) for t in tables], -1)  # [N_cap, K]
-        q = jnp.concatenate([jnp.take(t, tgt, axis=0) for t in tables], -1)  # [B, K]
+    def loss_jagged(params, e, q, seg, label):
         w = unit.apply({"params": params["att"]}, e[:, None, :], q[jnp.minimum(seg, b - 1)])
         v_u = jax.ops.segment_sum(w * e, seg, num_segments=b)  # seg = b: capacity padding
         logit = head(v_u, q, params["out"])[:, 0]
         return jnp.mean(jax.nn.softplus(logit) - logit * label)
 
-    grad = dict(argnums=(0, 1))
+    def lookup(tables, ids):
+        return jnp.concatenate([jnp.take(t, ids, axis=0) for t in tables], -1)
+
+    def step(loss):
+        # as the trainer: look the rows up, then gradients w.r.t. the params and the looked-up
+        # rows (what row_gradients scatters), not a dense table-sized gradient
+        def f(params, tables, ids, tgt, aux, label):
+            e, q = lookup(tables, ids), lookup(tables, tgt)
+            return jax.value_and_grad(loss, argnums=(0, 1, 2))(params, e, q, aux, label)
+        return jax.jit(f)
+
     init = unit.init(jax.random.key(0), jnp.zeros((1, 1, k)), jnp.zeros((1, k)))["params"]
     params = {"att": init, "out": jnp.zeros((2 * k, 1))}
-    return (params, jax.jit(jax.value_and_grad(loss_padded, **grad)),
-            jax.jit(jax.value_and_grad(loss_jagged, **grad)))
+    return params, step(loss_padded), step(loss_jagged)
 
 
 def run(batch: int, max_len: int, repeats: int, steps: int = 10) -> list[dict]:
@@ -84,9 +91,9 @@ def run(batch: int, max_len: int, repeats: int, steps: int = 10) -> list[dict]:
         seg[:n] = np.repeat(np.arange(batch), lengths)
         tgt = rng.integers(0, V, batch).astype(np.int32)
         label = (rng.random(batch) < 0.3).astype(np.float32)
-        params, padded, jagged = _steps(batch, max_len, cap)
-        args = {"padded": (padded, (params, tables, ids, mask, tgt, label)),
-                "jagged": (jagged, (params, tables, values, seg, tgt, label))}
+        params, padded, jagged = _steps(batch)
+        args = {"padded": (padded, (params, tables, ids, tgt, mask, label)),
+                "jagged": (jagged, (params, tables, values, tgt, seg, label))}
         lp = float(padded(*args["padded"][1])[0])
         lj = float(jagged(*args["jagged"][1])[0])
         assert abs(lp - lj) < 1e-5 * max(1.0, abs(lp)), (lp, lj)  # the same sequences
