@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 _ACTIVE: list[Batcher] = []  # the batcher of the virtual clock now running (one thread only)
+ENABLED = True  # False: computations run when made on the virtual clock too (bench_clock --eager)
 
 
 class Deferred:
@@ -142,7 +143,7 @@ def _loop(fn: Callable, n, *stacked):
 
 def active() -> Batcher | None:
     """The batcher of the virtual clock now running, or None (threads, Ray, outside a run)."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    return _ACTIVE[-1] if _ACTIVE and ENABLED else None
 
 
 @contextlib.contextmanager
