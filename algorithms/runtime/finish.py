@@ -115,7 +115,7 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     at_end = report.early is not None or rt.total_steps >= rt.run_steps
     if at_end and report.early is None:  # the final eval counts for the best checkpoint
         ev, preds = contract.evaluate(cfg, rt.data, predictor(rt), state.params, state.tables)
-        report.track(step, ev, state, rt.progress)  # rt.progress holds this call's sums
+        report.track(step, ev, state, rt.progress, final=True)  # rt.progress: this call's sums
     elif not at_end:  # an interval's end: the eval due there (mid-interval ones: `report`)
         ev = preds = None
         if tc.eval_every and step % tc.eval_every == 0 and step < rt.run_steps:

@@ -2,11 +2,12 @@
 
 `recjax.train.loop` reports a run as it goes (progress bar, ``kind: train`` records every
 ``train.log_every`` steps with the loss, the window's and the whole run's Train NE and the rate,
-``kind: eval`` records every ``train.eval_every`` steps, TensorBoard mirrors of both). A
-`Reporter` gives the host-async engine (``engine.py``) the same outputs through the same
-`recjax.runlog.MetricsWriter`, plus ``kind: counters`` records of the algorithm's own counters
-(staleness, sync gap, bytes, dropped gradients) at every train record, so that a run that goes
-wrong shows *when* (issue 15).
+``kind: eval`` records every ``train.eval_every`` steps, TensorBoard mirrors of both, early
+stopping) through `recjax.train.hooks.RunOutputs`. A `Reporter` gives the host-async engine
+(``engine.py``) the same outputs through the same `RunOutputs`, plus ``kind: counters``
+records of the algorithm's own counters (staleness, sync gap, bytes, dropped gradients) at
+every train record, so that a run that goes wrong shows *when* (issue 15). What is its own is
+when it looks at the roles and how it reads a consistent state there.
 
 When it looks:
 
@@ -34,20 +35,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from algorithms.runtime.finish import predictor, totals
-from recjax.runlog import MetricsWriter, flat_scalars
+from recjax.runlog import flat_scalars
 from recjax.train import contract
-from recjax.train.early_stop import EarlyStopper
+from recjax.train.hooks import RunOutputs
 from recjax.train.step import StepMetrics
 
 _PROGRESS_S = 1.0  # threads: a ``kind: progress`` record (iterations so far) this often
-
-
-def rate_key(virtual: bool) -> str:
-    """The name of a throughput: a modelled rate on the virtual clock is not a measured one."""
-    return "examples_per_virtual_sec" if virtual else "examples_per_sec"
 
 
 class Reporter:
@@ -77,15 +71,15 @@ class Reporter:
         self.snapshot, self.counters = snapshot, counters or dict
         self.on_wait: Callable[[], None] = lambda: None  # called while roles are being held
         self.virtual = bool(tc.deterministic)
-        self.rate = rate_key(self.virtual)
-        self.writer = MetricsWriter(tc.out, tc.tensorboard, append=rt.resuming)
-        self.bar = tqdm(total=rt.total_steps, initial=rt.start_step, disable=not tc.progress,
-                        unit="step", dynamic_ncols=True,
-                        desc=f"{tc.algo} {cfg.model.name} on {cfg.data.train}")
+        # the bar, records, their cadence and the early stopper (its state from the checkpoint
+        # the run, or this interval, starts from), as the single/SPMD loop has them
+        self.out = out = RunOutputs(cfg, rt.start_step, rt.total_steps, rt.ckpt is not None,
+                                    rt.progress.early_stop, rt.resuming,
+                                    f"{tc.algo} {cfg.model.name} on {cfg.data.train}",
+                                    self.virtual)
+        self.writer, self.bar, self.stopper = out.writer, out.bar, out.stopper
         self.seen = [0] * len(self.workers)  # metrics of each worker already in a record
         self.segment = dict.fromkeys(StepMetrics._fields, 0.0)  # sums recorded this segment
-        self.next_log = self._after(rt.start_step, tc.log_every)
-        self.next_eval = self._after(rt.start_step, tc.eval_every) if tc.eval_every else None
         self.last_step, self.last_t = rt.start_step, 0.0
         self.t_start = time.perf_counter()
         self.paused = 0.0  # threads: seconds the roles were held for records and evals
@@ -96,14 +90,7 @@ class Reporter:
         self._active = 0
         self._hold = False
         self._stop: threading.Event | None = None
-        # early stopping / the best checkpoint (None unless configured); its state comes from
-        # the checkpoint the run (or this interval) starts from
-        self.stopper = EarlyStopper.from_config(cfg, rt.ckpt is not None, rt.progress.early_stop)
         self.early: tuple | None = None  # (TrainState, eval, predictions) where the run stopped
-
-    @staticmethod
-    def _after(step: int, every: int) -> int:
-        return (step // every + 1) * every
 
     # -- the two interpreters' hooks ---------------------------------------------------------
     def on_event(self, now: float) -> bool:
@@ -113,7 +100,7 @@ class Reporter:
         if s == self._seen_step:
             return False
         self._seen_step = s
-        self.bar.update(s - self.bar.n)
+        self.out.progress(s)
         self._due(s, now)
         return self.early is not None
 
@@ -127,7 +114,7 @@ class Reporter:
             self.writer.write({"kind": "progress", "wall": now - self.rt.t0,
                                "iterations": sum(w.counters.iterations for w in self.workers)})
         s = self.step()
-        self.bar.update(s - self.bar.n)
+        self.out.progress(s)
         if self._hold or self._log_due(s) or self._eval_due(s):
             self._hold_roles()
             try:
@@ -142,20 +129,19 @@ class Reporter:
         return time.perf_counter() - self.t_start - self.paused
 
     def _log_due(self, s: int) -> bool:
-        return s >= self.next_log and s < self.rt.total_steps
+        return self.out.logs.due(s, self.rt.total_steps)
 
     def _eval_due(self, s: int) -> bool:
-        return (self.next_eval is not None and self.snapshot is not None and s >= self.next_eval
-                and s < self.rt.total_steps)
+        return self.snapshot is not None and self.out.evals.due(s, self.rt.total_steps)
 
     def _due(self, s: int, t: float) -> None:
         # the run's last step is recorded by `final`, from the sums summary.json is built from
         if self._log_due(s):
             self._record(s, t, self._window())
-            self.next_log = self._after(s, self.tc.log_every)
+            self.out.logs.done(s)
         if self._eval_due(s):
             self._evaluate()
-            self.next_eval = self._after(s, self.tc.eval_every)
+            self.out.evals.done(s)
 
     # -- records -----------------------------------------------------------------------------
     def _window(self, final: bool = False) -> list:
@@ -174,31 +160,20 @@ class Reporter:
                 extra: dict | None = None) -> None:
         """A ``train`` record at step `s` (then a ``counters`` record) from the batches `ms`."""
         rt, tc = self.rt, self.tc
-        rec = {"kind": "train", "step": s, "epoch": (s - 1) // max(rt.steps_per_epoch, 1),
-               "examples": s * tc.batch_size}
+        w = None
         if ms:
             w = contract.sum_metrics(ms, mean_loss=True)
             contract.check_finite(w, f"in steps {self.last_step + 1}-{s}", rt.ckpt)
             for k in StepMetrics._fields:
                 self.segment[k] += w[k]
-            rec.update(loss=w["loss"], train_ne_window=contract.ne_from_sums(w),
-                       **contract.window_sums(w))
         if run_totals is None:
             run_totals = {k: rt.progress.totals[k] + self.segment[k] for k in StepMetrics._fields}
-        if run_totals["count"]:
-            rec["train_ne"] = contract.ne_from_sums(run_totals)
-        rec[self.rate] = (s - self.last_step) * tc.batch_size / max(t - self.last_t, 1e-12)
-        rec["wall"] = rt.progress.wall_seconds + time.perf_counter() - rt.t0
-        if self.virtual:
-            rec["virtual_seconds"] = t
-        self.writer.write(rec)
-        counters = flat_scalars(self._counters(extra))
-        self.writer.write({"kind": "counters", "step": s, **counters})
-        if "train_ne" in rec:
-            unit = "ex/vs" if self.virtual else "ex/s"
-            self.bar.set_postfix({"loss": f"{rec.get('loss', float('nan')):.4f}",
-                                  "ne": f"{rec['train_ne']:.4f}",
-                                  unit: f"{rec[self.rate]:,.0f}"}, refresh=False)
+        self.out.train_record(
+            s, rt.steps_per_epoch, w, run_totals,
+            (s - self.last_step) * tc.batch_size / max(t - self.last_t, 1e-12),
+            rt.progress.wall_seconds + time.perf_counter() - rt.t0,
+            **({"virtual_seconds": t} if self.virtual else {}))
+        self.out.counters_record(s, self._counters(extra))
         self.last_step, self.last_t = s, t
 
     def _counters(self, extra: dict | None = None) -> dict:
@@ -219,40 +194,38 @@ class Reporter:
         tables = None if rt.ps.lru else (state.tables if state is not None
                                          else rt.ps.snapshot()[0])
         ev, preds = contract.evaluate(rt.cfg, rt.data, predictor(rt), params, tables)
-        self.writer.write({"kind": "eval", "step": s, **ev})
+        self.out.eval_record(s, ev)
         if self.track(s, ev, state):
             self.early = (state, ev, preds)
 
-    def track(self, step: int, ev: dict, state, progress=None) -> bool:
-        """Hand an eval to the early stopper: an improving one writes `state` (a `TrainState`
-        at `step`) to out/best/ with `progress` (default: the run's so far plus the batches of
-        this call's completed iterations); True when the run is to stop here (the stopper's
-        patience ran out). Without early stopping or keep_best: False."""
-        st = self.stopper
-        if st is None:
+    def track(self, step: int, ev: dict, state, progress=None, final: bool = False) -> bool:
+        """Hand an eval to the early stopper (`RunOutputs.track`): an improving one writes
+        `state` (a `TrainState` at `step`) to out/best/ with `progress` (default: the run's so
+        far plus the batches of this call's completed iterations); True when the run is to stop
+        here (the stopper's patience ran out; never at the run's `final` eval)."""
+        if self.stopper is None:
             return False
-        if st.update(step, ev):
-            if progress is None:  # mid-call: rt.progress has not taken this call's sums yet
-                progress = copy.deepcopy(self.rt.progress)
+
+        def save(ckpt) -> None:
+            p = progress
+            if p is None:  # mid-call: rt.progress has not taken this call's sums yet
+                p = copy.deepcopy(self.rt.progress)
                 if step > self.rt.start_step and self.workers:
-                    progress.add(totals(self.workers, completed=True))
-            st.save_best(lambda ckpt: contract.save(ckpt, self.rt.cfg, state, progress,
-                                                    time.perf_counter() - self.rt.t0))
-        if st.should_stop:
-            st.stopped_at = step
-            return True
-        return False
+                    p.add(totals(self.workers, completed=True))
+            contract.save(ckpt, self.rt.cfg, state, p, time.perf_counter() - self.rt.t0)
+
+        return self.out.track(step, ev, save, final)
 
     def final(self, step: int, seconds: float, ev: dict | None, extra: dict) -> None:
         """The segment's last records: train (the Train NE of summary.json), counters, eval
         (None: the eval that stopped the run early, already written); the algorithm's counters
         on screen. Call after ``rt.progress`` took the segment's sums."""
-        self.bar.update(step - self.bar.n)
+        self.out.progress(step)
         self.bar.close()
         self._record(step, seconds, self._window(final=self.early is None),
                      run_totals=self.rt.progress.totals, extra=extra)
         if ev is not None:
-            self.writer.write({"kind": "eval", "step": step, **ev})
+            self.out.eval_record(step, ev)
         self.close()
         if not self.tc.progress:
             return
@@ -267,18 +240,15 @@ class Reporter:
         """The records of a checkpoint interval's end (`run_in_segments`): train and counters
         over the batches since the last record (the next interval's roles start afresh, so its
         window would miss them), and the eval made there, if one was due."""
-        self.bar.update(step - self.bar.n)
+        self.out.progress(step)
         self._record(step, seconds, self._window(final=True), run_totals=self.rt.progress.totals,
                      extra=extra)
         if ev is not None:
-            self.writer.write({"kind": "eval", "step": step, **ev})
+            self.out.eval_record(step, ev)
         self.close()
 
     def close(self) -> None:
-        self.bar.close()
-        self.writer.close()
-        if self.stopper is not None:
-            self.stopper.close()
+        self.out.close()
 
     # -- the gate (threads) ------------------------------------------------------------------
     def bind(self, stop: threading.Event) -> None:

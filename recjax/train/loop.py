@@ -15,17 +15,15 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import jax
-from tqdm.auto import tqdm
 
 from recjax.batch import Batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches
 from recjax.data.seek import seekable
-from recjax.runlog import MetricsWriter, flat_scalars
 from recjax.train import contract, signals
 from recjax.train.data import RunData, block_batches, open_data, process_rows, train_shuffle_buffer
-from recjax.train.early_stop import EarlyStopper
+from recjax.train.hooks import RunOutputs
 from recjax.train.setup import build
 from recjax.train.step import StepMetrics, TrainState, eval_params, jit_predict, jit_train_step
 
@@ -151,10 +149,11 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     step_fn, predict = strategy.train_step, strategy.predict
     extra = getattr(strategy, "extra", lambda state: None)
 
-    writer = MetricsWriter(tc.out, tc.tensorboard, append=tc.resume)
     stop_at = min(total_steps, tc.stop_after) if tc.stop_after else total_steps
-    bar = tqdm(total=total_steps, initial=start_step, disable=not tc.progress, unit="step",
-               dynamic_ncols=True, desc=f"{cfg.model.name} on {cfg.data.train}")
+    # the bar, records, their cadence and the early stopper, as the host-async engine has them
+    out = RunOutputs(cfg, start_step, total_steps, checkpoints, progress.early_stop,
+                     tc.resume, f"{cfg.model.name} on {cfg.data.train}")
+    stopper = out.stopper
 
     window: list[StepMetrics] = []
     t_first = t_log = None  # end of the first (compiling) step; start of the current log window
@@ -175,8 +174,6 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
     epoch_ckpts = contract.epoch_checkpoints(total_steps)
-    # None unless early stop / keep_best; a resumed run goes on from the checkpoint's best
-    stopper = EarlyStopper.from_config(cfg, checkpoints, progress.early_stop)
     last_eval: tuple = (-1, None, None)  # (step, metrics, predictions) of the latest mid-run eval
 
     def save_best(best_ckpt) -> None:
@@ -197,35 +194,27 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                 jax.block_until_ready(m.loss)
                 t_first = t_log = time.perf_counter()
                 first_step, log_from = step, step
-            if step % tc.log_every == 0 or step == stop_at:
+            if out.logs.due(step, stop_at) or step == stop_at:
                 s = contract.sum_metrics(window, step, ckpt) if window else None
                 now = time.perf_counter()
                 rate = (step - log_from) * tc.batch_size / max(now - t_log, 1e-9)
                 if s is not None:
                     progress.add(s)
-                    ne = contract.ne_from_sums(progress.totals)
-                    bar.set_postfix(loss=f"{s['loss']:.4f}", ne=f"{ne:.4f}", ex_s=f"{rate:,.0f}",
-                                    refresh=False)
-                    writer.write({"kind": "train", "step": step,
-                                  "epoch": (step - 1) // steps_per_epoch,
-                                  "examples": step * tc.batch_size, "loss": s["loss"],
-                                  "train_ne_window": contract.ne_from_sums(s),
-                                  "train_ne": contract.ne_from_sums(progress.totals),
-                                  **contract.window_sums(s),
-                                  "examples_per_sec": rate, "wall": progress.wall_seconds + now - t0})
-                bar.update(step - bar.n)
+                    out.train_record(step, steps_per_epoch, s, progress.totals, rate,
+                                     progress.wall_seconds + now - t0)
+                out.progress(step)
+                out.logs.done(step)
                 window, t_log, log_from = [], time.perf_counter(), step
-            if tc.eval_every and step % tc.eval_every == 0 and step < stop_at:
+            if out.evals.due(step, stop_at):
                 t = time.perf_counter()
                 ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
-                writer.write({"kind": "eval", "step": step, **ev})
+                out.eval_record(step, ev)
+                out.evals.done(step)
                 last_eval = (step, ev, preds)
                 paused += time.perf_counter() - t
-                if stopper is not None and stopper.update(step, ev):
-                    stopper.save_best(save_best)
+                stop_here = out.track(step, ev, save_best)
                 t_log = time.perf_counter()
-                if stopper is not None and stopper.should_stop:
-                    stopper.stopped_at = step
+                if stop_here:
                     break
             if ckpt and step < stop_at and ((tc.ckpt_every and step % tc.ckpt_every == 0)
                                             or (epoch_ckpts and step % steps_per_epoch == 0)):
@@ -238,7 +227,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         interrupted = True
     finally:
         prefetch.close()
-        bar.close()
+        out.bar.close()
     t_train_end = time.perf_counter()
     seg_seconds = t_train_end - t_first - paused if t_first else 0.0
     early = stopper is not None and stopper.stopped_at is not None
@@ -248,9 +237,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             _, ev, preds = last_eval
         else:
             ev, preds = contract.evaluate(cfg, data, predict, eval_params(state), state.tables)
-            writer.write({"kind": "eval", "step": step, **ev})
-            if stopper is not None and stopper.update(step, ev):
-                stopper.save_best(save_best)
+            out.eval_record(step, ev)
+            out.track(step, ev, save_best, final=True)
         paused += time.perf_counter() - t_train_end
     if ckpt and step > start_step:
         try:  # state is between steps here: a consistent point to save
@@ -265,9 +253,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     if not finished:
         if ckpt:
             ckpt.close()
-        if stopper is not None:
-            stopper.close()
-        writer.close()
+        out.close()
         # without checkpoints (no --out, or a multi-process run) there is nothing to resume
         print(f"stopped at step {step}/{total_steps}"
               + (f"; resume with --resume --out {tc.out}" if ckpt else ""))
@@ -276,7 +262,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         return {"stopped_at": step, "steps": step}
 
     if counters := strategy.summary():  # the algorithm's counters, as host-async runs record them
-        writer.write({"kind": "counters", "step": step, **flat_scalars(counters)})
+        out.counters_record(step, counters)
     final = strategy.unshard(state)
     summary = contract.build_summary(
         cfg, data, final, progress, ev, start_step=start_step,
@@ -288,8 +274,6 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     contract.write_summary(cfg, summary, preds)
     if ckpt:
         ckpt.close()
-    if stopper is not None:
-        stopper.close()
-    writer.close()
+    out.close()
     return summary | {"final_state": state}
 
