@@ -251,3 +251,16 @@ def test_block_batches_hold_this_process_rows_of_the_global_batches(make):
                 np.testing.assert_array_equal(a[rows], b[rows])
                 assert not a[:rows.start].any() and not a[rows.stop:].any()
         assert src.rows_read - before == len(got) * 16
+
+
+@pytest.mark.parametrize("kw", SETTINGS[:4] + SETTINGS[6:7])
+def test_first_batches_read_only_their_examples(kw):
+    from recjax.data.seek import first_batches
+
+    kw = {k: v for k, v in kw.items() if k not in ("worker", "num_workers")}
+    src = arrays()
+    want = list(itertools.islice(batches(src, B, seed=1, epoch=0, drop_remainder=True, **kw), 5))
+    before = src.rows_read
+    got = first_batches(src, B, 5, seed=1, epoch=0, **kw)
+    assert_batches_equal([(b, B) for b in got], want)
+    assert src.rows_read - before == 5 * B
