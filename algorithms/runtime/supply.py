@@ -27,7 +27,7 @@ from typing import Any
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached
-from recjax.data.seek import Counted, epoch_batches
+from recjax.data.seek import Counted, epoch_batches, first_batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 
@@ -58,15 +58,9 @@ class Feed:
     def first(self, n: int) -> list:
         """The first `n` (at least one) worker batches of the run's example order, as read
         (the PS placement's load profile, the batch every function is compiled on)."""
-        stream = batches(self.data.train, self.batch_size, seed=self.cfg.train.seed, epoch=0,
-                         shuffle_buffer=self.shuffle, drop_remainder=True,
-                         keep=self.data.keep_train)
-        out = []
-        for i, (b, _) in enumerate(stream):
-            if i >= max(n, 1):
-                break
-            out.append(b)
-        return out
+        source = self.data.readers["profile"] = Counted(self.data.train)  # its reads
+        return first_batches(source, self.batch_size, max(n, 1), seed=self.cfg.train.seed,
+                             epoch=0, shuffle_buffer=self.shuffle, keep=self.data.keep_train)
 
     def static_shards(self, workers: int, start: int, end: int, periodic: bool,
                       localize: Callable[[Any], Any]) -> StaticShards:
