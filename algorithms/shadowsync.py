@@ -96,7 +96,7 @@ def run(cfg: Config) -> dict:
     rc, sc = cfg.runtime, cfg.shadowsync
     foreground = cfg.train.algo == "fr"
     n, m = rc.trainers, rc.workers_per_trainer
-    rt = Runtime(cfg, n * m)
+    rt = Runtime(cfg, rc.hogwild_workers)  # n x m worker roles
     s0 = rt.init_state
     replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
     # The EASGD sync PS lives in this process under every backend, beside the replicas it
@@ -117,7 +117,8 @@ def run(cfg: Config) -> dict:
     supply = rt.static_shards()
     syncers: list[Syncer] = []  # every party of a sync, in a fixed order (their BMUF states)
     # under Ray a trainer is one process: its m workers are threads of its actor
-    workers = [rt.placement.worker(w, supply, group=w // m, group_size=m) for w in range(n * m)]
+    workers = [rt.placement.worker(w, supply, group=w // m, group_size=m)
+               for w in range(rt.num_workers)]
     sync_counters = [Counters() for _ in range(n)]
     roles = []
     fr_groups = [group() for _ in range(m)]  # FR: worker j of every trainer all-reduce together
