@@ -55,6 +55,13 @@ class SyntheticConfig:
       seed: seed of the teacher and of the example streams.
       teacher: whether labels come from the teacher (False: labels Bernoulli(0.25); only for
         throughput runs on huge tables, where building the teacher would cost memory).
+      days: the training stream is this many days of ``n_train / days`` examples, in order
+        (example r is of day ``r * days // n_train``); the eval stream is day ``days``, the day
+        after the last.
+      drift: how far the teacher moves from one day to the next: every weight follows
+        ``x_{d+1} = sqrt(1 - drift^2) x_d + drift * std * e_d``, e_d ~ N(0, 1) (a stationary
+        AR(1): each day's weights have the preset's stds; 0 = one teacher for every day, 1 = a
+        fresh teacher each day).
     """
 
     name: str = "default"
@@ -71,9 +78,14 @@ class SyntheticConfig:
     n_eval: int = 100_000
     seed: int = 1234
     teacher: bool = True
+    days: int = 1
+    drift: float = 0.0
 
     def __post_init__(self):
         check_choices(self, "synthetic")
+        if self.days < 1 or not 0.0 <= self.drift <= 1.0:
+            raise ValueError(f"synthetic.days must be >= 1 and synthetic.drift in [0, 1], got "
+                             f"{self.days} and {self.drift}")
         if not self.cardinalities or min(self.cardinalities) < 1:
             raise ValueError("synthetic.cardinalities must be non-empty, each >= 1")
         if self.zipf <= 0:
@@ -113,7 +125,8 @@ def preset(name: str) -> SyntheticConfig:
 
 
 class Teacher:
-    """The label model's parameters, drawn once from ``cfg.seed``."""
+    """The label model's parameters, drawn once from ``cfg.seed`` (day 0; `drifted` gives the
+    next day's)."""
 
     def __init__(self, cfg: SyntheticConfig):
         rng = np.random.default_rng([cfg.seed, 7])
@@ -122,6 +135,23 @@ class Teacher:
                   for c in cfg.cardinalities]
         self.u = rng.normal(0, cfg.dense_std, cfg.n_dense).astype(np.float32)
         self.bias = np.float32(cfg.bias)
+
+    def drifted(self, cfg: SyntheticConfig, day: int) -> Teacher:
+        """The teacher of day ``day`` from this one of day ``day - 1``: every weight
+        ``x <- sqrt(1 - drift^2) x + drift * std * e``, e ~ N(0, 1) drawn from
+        ``(seed, 8, day)`` (the bias stays: the click rate keeps its scale)."""
+        rng = np.random.default_rng([cfg.seed, 8, day])
+        a, b = np.sqrt(1.0 - cfg.drift ** 2), cfg.drift
+
+        def move(x: np.ndarray, std: float) -> np.ndarray:
+            return (a * x + b * std * rng.normal(0, 1, x.shape)).astype(np.float32)
+
+        out = object.__new__(Teacher)
+        out.w = [move(x, cfg.first_order_std) for x in self.w]
+        out.v = [move(x, cfg.pairwise_std) for x in self.v]
+        out.u = move(self.u, cfg.dense_std)
+        out.bias = self.bias
+        return out
 
     def logits(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """z for dense f32[N, n_dense] and one-hot ids i32[N, F]."""
@@ -222,13 +252,30 @@ class SyntheticSource:
     def teacher(self) -> Teacher:
         return _teacher(self.cfg)
 
+    def days(self, rows: np.ndarray) -> np.ndarray:
+        """The day of each example row (the eval stream is day ``cfg.days``)."""
+        if self.split == "eval":
+            return np.full(rows.shape, self.cfg.days, np.int64)
+        return rows * self.cfg.days // self.num_rows
+
+    def _logits(self, dense: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        if self.cfg.drift == 0 or (self.cfg.days == 1 and self.split == "train"):
+            return self.teacher.logits(dense, ids)  # one teacher
+        day = self.days(rows)
+        z = np.empty(rows.shape, np.float32)
+        for d in np.unique(day):
+            at = day == d
+            z[at] = day_teacher(self.cfg, int(d)).logits(dense[at], ids[at])
+        return z
+
     def _generate(self, index: int, n: int) -> tuple[Chunk, np.ndarray]:
         rng = np.random.default_rng([self.cfg.seed, 0 if self.split == "train" else 1, index])
         counts = np.floor(rng.lognormal(1.0, 1.5, (n, self.cfg.n_dense)))
         dense = np.log1p(counts).astype(np.float32)
         ids = np.stack([s(rng, n) for s in self._samplers], axis=1)
         if self.cfg.teacher:
-            z = self.teacher.logits(dense, ids)
+            rows = np.arange(index * self.CHUNK, index * self.CHUNK + n, dtype=np.int64)
+            z = self._logits(dense, ids, rows)
             p = bayes_probs(z, self.cfg.noise)
         else:
             p = np.full(n, 0.25)
@@ -285,11 +332,27 @@ class SyntheticSource:
 
     def bayes_optimal(self) -> dict:
         """Metrics of the Bayes-optimal predictor p* on this split's examples."""
-        from recjax.metrics import auc, logloss, normalized_entropy
-
         y, p = self.labels_and_bayes_probs()
-        return {"ne": float(normalized_entropy(y, p)), "logloss": float(logloss(y, p)),
-                "auc": float(auc(y, p))}
+        return _metrics(y, p)
+
+    def bayes_optimal_by_day(self) -> dict[int, dict]:
+        """The same for each day's examples (the training stream's days, or the eval day)."""
+        y, p = self.labels_and_bayes_probs()
+        day = self.days(np.arange(y.size, dtype=np.int64))
+        return {int(d): _metrics(y[day == d], p[day == d]) for d in np.unique(day)}
+
+
+def _metrics(y: np.ndarray, p: np.ndarray) -> dict:
+    from recjax.metrics import auc, logloss, normalized_entropy
+
+    return {"ne": float(normalized_entropy(y, p)), "logloss": float(logloss(y, p)),
+            "auc": float(auc(y, p))}
+
+
+@functools.lru_cache(maxsize=64)
+def day_teacher(cfg: SyntheticConfig, day: int) -> Teacher:
+    """The teacher of day `day`: day 0's, drifted once per day (`Teacher.drifted`)."""
+    return _teacher(cfg) if day == 0 else day_teacher(cfg, day - 1).drifted(cfg, day)
 
 
 @functools.lru_cache(maxsize=4)
