@@ -259,8 +259,8 @@ def _algo_cfg(algo: str):
 
 
 def test_des_refuses_it_with_the_reason():
-    """DES splits the weights-rich operators by field (sharding/des.py SUBSTITUTIONS); DIN's
-    attention reads a sequence's positions and its target together, so it has none."""
+    """DES substitutes the models of sharding/des.py SUBSTITUTIONS; DIN is not one of them
+    (docs/models.md says what its substitution would be)."""
     import algorithms
 
     with pytest.raises(ValueError, match="no equivalent substitution for model 'din'"):
