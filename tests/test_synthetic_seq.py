@@ -6,12 +6,16 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from algorithms.train_main import main
+from recjax.batch import Chunk
 from recjax.data.sources import open_source
 from recjax.data.synthetic_seq import SeqTeacherConfig, SeqTeacherSource
 from recjax.data.taobao import TaobaoSource
-from recjax.models.sequence import sequences
+from recjax.features import FeatureSpec, FieldSpec
+from recjax.models.sequence import sequences, unroll_chunk, unroll_spec
 from tests.conftest import data_path
 
 L = 6
@@ -117,3 +121,29 @@ def test_din_without_a_sequence_says_how_to_give_it_one(tmp_path, capsys):
                  "1", "--batch-size", "16", "--out", str(tmp_path), "--no-progress"]) != 0
     err = capsys.readouterr().err
     assert "din: the data has no behaviour sequence" in err and "--data seq:KIND:PATH" in err
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.integers(1, 4), min_size=1, max_size=5), n=st.integers(1, 6),
+       seed=st.integers(0, 2**16))
+def test_unroll_moves_every_id_and_mask_to_its_position_field(lens, n, seed):
+    """Any mix of one-hot and multi-hot fields: field f's position p is the unrolled field named
+    f@p (f itself when one-hot), with its id and mask, by a loop over the names."""
+    spec = FeatureSpec((), tuple(FieldSpec(f"f{i}", 9, max_len=m) for i, m in enumerate(lens)))
+    rng = np.random.default_rng(seed)
+    big = spec.max_len
+    ids = rng.integers(0, 9, (n, len(lens), big)).astype(np.int32)
+    mask = (rng.random((n, len(lens), big)) < 0.6).astype(np.float32)
+    chunk = Chunk(np.zeros((n, 0), np.float32), ids, mask, np.zeros(n, np.float32), np.arange(n))
+    out, flat = unroll_chunk(chunk, spec), unroll_spec(spec)
+    names = [f.name for f in flat.fields]
+    if not spec.multi_hot:
+        assert out is chunk
+        return
+    assert out.ids.shape == out.mask.shape == (n, sum(lens), 1)
+    for i, f in enumerate(spec.fields):
+        for p in range(f.max_len):
+            j = names.index(f.name if f.max_len == 1 else f"{f.name}@{p}")
+            np.testing.assert_array_equal(out.ids[:, j, 0], ids[:, i, p])
+            np.testing.assert_array_equal(out.mask[:, j, 0], mask[:, i, p])
+            assert flat.fields[j].table == f.table
