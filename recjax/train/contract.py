@@ -37,7 +37,7 @@ from recjax.data.pipeline import batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.metrics.logloss import sigmoid
 from recjax.runlog import drop_records_after, open_run_file, write_json_atomic
-from recjax.train.data import RunData
+from recjax.train.data import RunData, rows_read
 from recjax.train.setup import count_params
 from recjax.train.step import StepMetrics, TrainState
 
@@ -433,6 +433,7 @@ def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progr
         "eval_examples": ev["examples"], "eval_ctr": ev["ctr"],
         "train_examples_per_epoch": data.train_rows,
         "data_stats": {"train": data.train.stats.as_dict(), "eval": data.eval.stats.as_dict()},
+        "data_rows_read": rows_read(data),  # examples read (recjax.data.seek): resume seeks
         **count_params(state),
         "resumed_from_step": start_step if tc.resume else None,
         "deterministic": tc.deterministic,
