@@ -45,6 +45,7 @@ CASES = {
                                          deep_mlp=(4,)), 0, False),
     "two-sequences": (ModelConfig(name="din", embed_dim=D, att_mlp=(4,), deep_mlp=(5,)), 2, True),
     "no-tower": (ModelConfig(name="din", embed_dim=D, att_mlp=(4,), deep_mlp=()), 1, False),
+    "linear-unit": (ModelConfig(name="din", embed_dim=D, att_mlp=(), deep_mlp=(4,)), 2, True),
     "sum-pooling": (ModelConfig(name="din", embed_dim=D, deep_mlp=(5,), din_pooling="sum"), 2,
                     False),
 }
