@@ -66,6 +66,7 @@ from algorithms.runtime import (
     WorkerLost,
     histogram_summary,
 )
+from algorithms.runtime.batched import resolve
 from algorithms.runtime.ps import Rows
 from recjax.config import Config
 from recjax.train.contract import add_counts
@@ -529,7 +530,9 @@ def worker_role(rt: Runtime, server: GbaServer, worker: Worker):
             return
         yield dataclasses.replace(
             work, transfers=work.transfers + ((rt.dense_link, 2 * dense_bytes),))
-        server.push(Grad(wid, index, index // p.m, version, g_params, rows, sums))
+        # on the virtual clock the gradients are computed now, batched with every other
+        # worker's pending computation (runtime/batched.py); elsewhere they are values already
+        server.push(Grad(wid, index, index // p.m, version, resolve(g_params), rows, resolve(sums)))
         worker.counters.iterations += 1
         it += 1
 
