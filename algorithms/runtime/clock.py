@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
+from algorithms.runtime import batched
 from recjax.concurrency import ThreadGroup
 
 CLOSED = object()  # what a collective returns when the group shut down
@@ -61,8 +62,7 @@ class Link:
       bandwidth: bytes per second (``inf`` = free).
       free_at: virtual time when the link is next idle.
       busy: total seconds it spent transferring (virtual or emulated).
-      bytes: total bytes moved.
-    """
+      bytes: total bytes moved."""
 
     name: str
     bandwidth: float
@@ -101,8 +101,7 @@ class Work:
       transfers: ``(link, bytes)`` pairs, in order, after the compute.
       pause: idle time after the transfers (a shadow thread's interval).
       measured: the step's measured compute seconds (threads, Ray), what a straggler's
-        `factor` multiplies; None: the role's wall time since it last resumed.
-    """
+        `factor` multiplies; None: the role's wall time since it last resumed."""
 
     seconds: float = 0.0
     factor: float = 1.0
@@ -117,8 +116,7 @@ class Collective:
       group: the `Rendezvous` to join.
       index: this party's index in [0, group.n).
       value: this party's contribution.
-      seconds: modelled communication time of the collective for each party.
-    """
+      seconds: modelled communication time of the collective for each party."""
 
     group: Rendezvous
     index: int
@@ -130,8 +128,7 @@ class Rendezvous:
     """A reusable n-party all-reduce: every party gets ``reduce([v_0, ..., v_{n-1}])``.
 
     The reduction sees the values in party order whatever the arrival order, so it is
-    deterministic. `close` releases every waiting party with `CLOSED` (a party left for good).
-    """
+    deterministic. `close` releases every waiting party with `CLOSED` (a party left for good)."""
 
     def __init__(self, n: int, reduce: Callable[[list], Any]):
         self.n, self.reduce = n, reduce
@@ -170,8 +167,7 @@ class Signal:
 
     In threads it is a condition variable; on the virtual clock the interpreter compares
     ``generation`` before and after each event and re-checks only the roles parked on a signal
-    that changed. Writers call `notify` *after* the write.
-    """
+    that changed. Writers call `notify` *after* the write."""
 
     def __init__(self, name: str = "signal"):
         self.name = name
@@ -201,8 +197,7 @@ class Signal:
 class Wait:
     """Attributes:
       signal: the `Signal` whose writers can make the condition true.
-      condition: ``() -> bool``, read-only (it may run in another role's thread or event).
-    """
+      condition: ``() -> bool``, read-only (it may run in another role's thread or event)."""
 
     signal: Signal
     condition: Callable[[], bool]
@@ -218,8 +213,7 @@ class RoleSpec:
       name: thread name / trace label.
       role: the generator.
       foreground: the run ends when every foreground role has ended; background roles
-        (shadow threads) are then stopped.
-    """
+        (shadow threads) are then stopped."""
 
     name: str
     role: Role
@@ -231,8 +225,7 @@ class Schedule:
     """What an interpreter reports. Attributes:
       seconds: wall seconds (threaded) or virtual seconds (virtual) until the foreground ended.
       trace: role indices in the order their events ran (virtual mode only).
-      lost: ``"role: reason"`` of each role that ended with `WorkerLost`.
-    """
+      lost: ``"role: reason"`` of each role that ended with `WorkerLost`."""
 
     seconds: float
     trace: list[int]
@@ -353,9 +346,17 @@ def run_virtual(roles: list[RoleSpec], on_event: Callable[[float], bool | None] 
     event, when every role is suspended (progress records, evals: ``report.py``); when it
     returns True the run ends there (early stopping), every role closed where it stands.
 
+    Worker computations are deferred to their first use and batched (``batched.py``).
+
     Raises:
       RuntimeError: every role left is parked on a `Wait` that no role can make true.
     """
+    with batched.batching():  # at the end every pending computation runs (its metrics)
+        return _run_virtual(roles, on_event)
+
+
+def _run_virtual(roles: list[RoleSpec], on_event: Callable[[float], bool | None] | None
+                 ) -> Schedule:
     heap: list[tuple[float, int, int]] = []
     seq = 0
 

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from algorithms.runtime import batched
 from algorithms.runtime.localize import Rows, localize
 from recjax.batch import Batch
 from recjax.embeddings import EmbeddingLayout, SparseOptimizer
@@ -399,6 +400,7 @@ class DensePS:
 
     def push(self, grads: Any, version: int) -> None:
         """Apply `grads`, computed at `version`: staleness = updates applied since that pull."""
+        grads = batched.resolve(grads)  # a virtual-clock worker's deferred gradient
         with self._lock:
             self.params, self.opt_state = self._apply(self.params, self.opt_state, grads)
             self.staleness[self.version - version] += 1

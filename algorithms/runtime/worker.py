@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from algorithms.runtime import batched
 from algorithms.runtime.clock import Work
 from algorithms.runtime.supply import SharedList, StaticShards
 from recjax.config import Config
@@ -79,7 +80,8 @@ class Replica:
         self.params, self.opt_state = params, opt_state
 
     def apply(self, dense_apply, grads: Any) -> None:
-        self.params, self.opt_state = dense_apply(self.params, self.opt_state, grads)
+        self.params, self.opt_state = dense_apply(self.params, self.opt_state,
+                                                  batched.resolve(grads))
 
 
 @dataclasses.dataclass
@@ -117,23 +119,35 @@ class Worker:
         """Pull rows, compute gradients at `params`: ``(g_params, pending push, Work)``.
 
         With `coalesce` the row gradients are one summed row per unique id of the batch
-        (``name -> f32[n_pad, D]``, in the order of ``rows``), which GBA's PS aggregates.
+        (``name -> f32[n_pad, D]``, in the order of ``rows``), which GBA's PS aggregates. On
+        the virtual clock (a run of several workers) the gradients are `batched.Part`\\ s,
+        computed with the other workers' pending calls when first used: a role passes them
+        to `push`, `Replica.apply` or a PS, or reads them with `batched.resolve`.
         """
         rt = self.rt
         _, (local, rows) = item
         minis = rt.ps.pull(rows)
-        slow = rt.stragglers.factor(self.wid, it) > 1
+        fn = rt.grads_rows if coalesce else rt.grads
+        factor = rt.stragglers.factor(self.wid, it)
+        batcher = batched.active()
+        if batcher is not None and rt.num_workers > 1:
+            metrics, at = self.counters.metrics, len(self.counters.metrics)
+            d = batcher.submit(fn, rt.num_workers, (params, minis, local),
+                               on_done=lambda out: metrics.__setitem__(at, out[0]))
+            return d.part(1), (rows, d.part(2)), record_step(rt, self.wid, self.counters, item,
+                                                             None, it, factor=factor)
         t0 = time.perf_counter()
-        m, g_params, grads = (rt.grads_rows if coalesce else rt.grads)(params, minis, local)
+        m, g_params, grads = fn(params, minis, local)
         measured = None
-        if slow:
+        if factor > 1:
             jax.block_until_ready((m, g_params, grads))
             measured = time.perf_counter() - t0
         return g_params, (rows, grads), record_step(rt, self.wid, self.counters, item, m, it,
-                                                    measured)
+                                                    measured, factor)
 
     def push(self, pending: tuple) -> None:
-        self.rt.ps.push(*pending)
+        rows, grads = pending
+        self.rt.ps.push(rows, batched.resolve(grads))
         self.counters.iterations += 1
 
 
@@ -156,15 +170,18 @@ class LocalFn:
 
 
 def record_step(rt: Runtime, wid: int, counters: Counters, item: tuple, m: Any, it: int,
-                measured: float | None = None) -> Work:
+                measured: float | None = None, factor: float | None = None) -> Work:
     """Count worker `wid`'s step on `item` (its metrics `m`, the bytes each shard served) and
-    return the step's `Work`: its compute time, straggling and PS-link transfers."""
+    return the step's `Work`: its compute time, straggling (`factor`, if the caller drew it
+    already) and PS-link transfers."""
     counters.metrics.append(m)
     counters.indices.append(item[0])
     rows = item[1][1]
     nbytes = rt.ps.shard_bytes(rows)
     for s, b in enumerate(nbytes):
         counters.shard_bytes[s] += b
-    return Work(rt.example_cost * rt.batch_size, rt.stragglers.factor(wid, it),
+    if factor is None:
+        factor = rt.stragglers.factor(wid, it)
+    return Work(rt.example_cost * rt.batch_size, factor,
                 tuple((link, b) for link, b in zip(rt.shard_links, nbytes) if b),
                 measured=measured)
