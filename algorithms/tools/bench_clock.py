@@ -1,0 +1,132 @@
+"""How fast the virtual clock simulates: wall examples/sec of GBA at 32 workers and ShadowSync
+at 16 trainers against the single trainer on the same model (issue 35, "a fast virtual clock").
+
+    python scripts/bench_clock.py [--repeats 5] [--quick] [--eager] [--json FILE]
+
+Every arm trains the default config's DLRM on synthetic data with ``--deterministic`` (the
+virtual clock) and is timed by its own metrics.jsonl: the wall time between its train records
+at steps S and 3S (`WINDOW`), so set-up, compiles and the final eval are left out of every arm
+alike. The arms, each the issue's pilot setting:
+
+* ``single``: ``--algo single``, global batch 1024 (the reference);
+* ``gba/MODE``: 32 workers, local batch 32, M = 32 (global batch 1024), stragglers
+  ``lognormal:sigma=0.5+slow:k=3,factor=8``, the mode knobs scaled to 32 workers (b2 = b3 =
+  20% of them);
+* ``shadow``: S-EASGD, 16 trainers x 1 worker, 64 rows each (16 x 64 = 1024 in flight), the
+  same stragglers.
+
+Repeats are interleaved (every arm, then again, seeded differently); each arm's ratio to single
+is taken within a repeat and the median printed with the load average. The goal: >= 0.5.
+`bench_clock(repeats, quick) -> list[dict]` is what scripts/bench.py can call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import tempfile
+
+from recjax import configs
+from recjax.data.synthetic import PRESETS
+
+STRAGGLERS = "lognormal:sigma=0.5+slow:k=3,factor=8"
+GLOBAL_BATCH = 1024
+GBA_WORKERS, GBA_LOCAL = 32, 32
+SHADOW_TRAINERS = 16
+MODES = ("gba", "sync", "async", "hop_bs", "bsp", "hop_bw")
+QUICK_MODES = ("gba", "sync")
+WINDOW = {False: 30, True: 8}  # S: global steps between the two timed records (quick: 8)
+
+
+def arm_config(arm: str, window: int, seed: int, out: str):
+    """The config of `arm` (``single``, ``gba/MODE``, ``shadow``): 3 x `window` global steps
+    of 1024 examples, a train record every `window` steps."""
+    c = configs.default()
+    shadow = arm == "shadow"
+    batch = GLOBAL_BATCH // SHADOW_TRAINERS if shadow else GLOBAL_BATCH
+    steps = 3 * window * (SHADOW_TRAINERS if shadow else 1)  # shadow: one step = one batch of 64
+    algo = "gba" if arm.startswith("gba/") else arm
+    scaled = max(1, round(0.2 * GBA_WORKERS))
+    return dataclasses.replace(
+        c, synthetic=dataclasses.replace(PRESETS["default"], n_train=(3 * window + 2) * GLOBAL_BATCH,
+                                         n_eval=4096),
+        train=dataclasses.replace(c.train, algo=algo, batch_size=batch, steps=steps, seed=seed,
+                                  progress=False, deterministic=algo != "single", out=out,
+                                  log_every=window * (SHADOW_TRAINERS if shadow else 1)),
+        runtime=dataclasses.replace(c.runtime, stragglers=STRAGGLERS, trainers=SHADOW_TRAINERS,
+                                    workers_per_trainer=1),
+        gba=dataclasses.replace(c.gba, mode=arm.partition("/")[2] or "gba", workers=GBA_WORKERS,
+                                local_batch_size=GBA_LOCAL, b2=scaled, b3=scaled))
+
+
+def timed_rate(metrics: pathlib.Path, start: int, end: int) -> float:
+    """Examples per wall second between the run's train records at steps `start` and `end`."""
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    at = {r["step"]: r for r in recs if r.get("kind") == "train"}
+    if start not in at or end not in at:
+        raise RuntimeError(f"{metrics}: train records at steps {sorted(at)}; {start} and {end} "
+                           "are timed")
+    a, b = at[start], at[end]
+    return (b["examples"] - a["examples"]) / (b["wall"] - a["wall"])
+
+
+def bench_clock(repeats: int = 5, quick: bool = False, eager: bool = False) -> list[dict]:
+    """One row per arm: median wall examples/sec, median ratio to single, every repeat.
+    `eager`: the virtual clock runs each worker computation when it is made, one jitted call
+    each, as before `batched.py` (what the batching buys)."""
+    import algorithms
+    from algorithms.runtime import batched
+
+    batched.ENABLED = not eager
+
+    arms = ["single", *(f"gba/{m}" for m in (QUICK_MODES if quick else MODES)), "shadow"]
+    runs: dict[str, list[float]] = {a: [] for a in arms}
+    loads = []
+    for r in range(repeats):
+        for arm in arms:
+            with tempfile.TemporaryDirectory() as out:
+                cfg = arm_config(arm, WINDOW[quick], r, out)
+                algorithms.run(cfg)
+                s = cfg.train.log_every
+                runs[arm].append(timed_rate(pathlib.Path(out) / "metrics.jsonl", s, 3 * s))
+            loads.append(os.getloadavg()[0])
+    rows = []
+    for arm, eps in runs.items():
+        ratios = [a / b for a, b in zip(eps, runs["single"])]
+        rows.append({"name": f"clock/{arm}", "arm": arm, "repeats": repeats,
+                     "examples_per_sec_median": statistics.median(eps),
+                     "ratio_to_single_median": statistics.median(ratios),
+                     "examples_per_sec_all": eps, "ratios_all": ratios,
+                     "load_average_median": statistics.median(loads),
+                     "stragglers": STRAGGLERS, "global_batch": GLOBAL_BATCH})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--eager", action="store_true",
+                   help="worker computations one call each, as before batched.py")
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args(argv)
+    rows = bench_clock(args.repeats, args.quick, args.eager)
+    print(f"virtual clock ({'eager' if args.eager else 'batched'}) vs single, global batch "
+          f"{GLOBAL_BATCH}, stragglers {STRAGGLERS}, median of {args.repeats} interleaved "
+          "repeats, load average "
+          f"{rows[0]['load_average_median']:.1f} ({os.cpu_count()} cores)")
+    print(f"{'arm':<14}{'wall ex/s':>12}{'/ single':>10}   goal >= 0.5")
+    for r in rows:
+        print(f"{r['arm']:<14}{r['examples_per_sec_median']:>12,.0f}"
+              f"{r['ratio_to_single_median']:>10.3f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
