@@ -366,14 +366,17 @@ class DilocoStrategy:
                 [x, np.zeros((pad, *x.shape[1:]), x.dtype)]) for x in batch))
         mask = batch.mask is not None
         placed = arrays.put_tree(batch, self.mesh, batch_specs(mask))
-        return self._predict_jit(params, tables, placed)[:n]
+        if mask not in self._predict_jit:  # a batch's mask is its own (position fields carry
+            # one where the spec has no multi-hot field), so its specs are the batch's too
+            self._predict_jit[mask] = jax.jit(jax.shard_map(
+                self._predict_body, mesh=self.mesh, in_specs=(P(), P(), batch_specs(mask)),
+                out_specs=P(AXIS)))
+        return self._predict_jit[mask](params, tables, placed)[:n]
 
     def _build(self, placed: DilocoState) -> None:
         self._inner_jit = jax.jit(self._inner, donate_argnums=0)
         self._outer_jit = jax.jit(self._outer, donate_argnums=0)
-        self._predict_jit = jax.jit(jax.shard_map(
-            self._predict_body, mesh=self.mesh,
-            in_specs=(P(), P(), batch_specs(self.setup.spec.multi_hot)), out_specs=P(AXIS)))
+        self._predict_jit: dict[bool, Any] = {}  # by whether the batch has a mask (`predict`)
         cfg = self.setup.cfg
         b = replica_batch(abstract_batch(cfg, self.setup.spec, cfg.train.batch_size), self.k)
         inner = comm.summarize(comm.collectives(self._inner, self.mesh, placed, b))

@@ -271,19 +271,7 @@ def test_des_refuses_it_with_the_reason():
 def _algos():
     from recjax import registry
 
-    out = []
-    for a in registry.NAMES:
-        if a == "des":
-            continue
-        marks = []
-        if a == "diloco":  # found here, left to the owner of algorithms/diloco.py
-            marks = [pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-                "DiLoCo's eval (algorithms/diloco.py _build) gives its shard_map the batch specs "
-                "of spec.multi_hot, so a mask on one-hot fields (position fields, L = 1) has no "
-                "spec: 'Context mesh ... should match the mesh of sharding' in _pool_weights "
-                "(DLRM on the same data fails the same way)"))]
-        out.append(pytest.param(a, marks=marks))
-    return out
+    return [a for a in registry.NAMES if a != "des"]
 
 
 @pytest.mark.slow
