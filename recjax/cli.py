@@ -40,7 +40,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--algo", help=registry.help_line())
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
                                   "movielens:PATH | taobao:PATH | parquet:DIR (scripts/convert.py) | "
-                                  "synthetic[:NAME]")
+                                  "seq:KIND:PATH (a multi-hot field as position fields, for "
+                                  "--model din) | synthetic[:NAME] | synthetic-seq[:key=value,...]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--steps", type=int, help="train this many steps (overrides --epochs)")
