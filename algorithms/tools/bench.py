@@ -9,9 +9,10 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
    stream -> batching -> prefetch thread -> device_put); with two rows that are not DLRM steps:
    the model's MLP GEMMs alone (the ceiling GEMM speed puts on any implementation) and one big
    GEMM with a step's FLOPs (the roofline, measured on this machine rather than quoted).
-2. Every model at two batch sizes (recjax, pre-staged batches).
-   With torch installed, the PyTorch eager and torch.compile peers of PERF_NOTES are
-   measured in the same run (recjax/tools/bench_torch.py).
+2. Every model at two batch sizes (recjax, pre-staged batches); `models_seq`: DCN-v2 and DIN
+   against plain-JAX references written from their papers, and the roofline
+   (recjax/tools/bench_models_seq.py). With torch installed, the PyTorch eager and
+   torch.compile peers of PERF_NOTES are measured in the same run (recjax/tools/bench_torch.py).
 3. The SPMD (scripts/bench_spmd.py), host-async runtime (scripts/bench_runtime.py), GBA, LRU,
    Persia and Ray backend (scripts/bench_ray.py: Ray vs threads, scaling, one call's overhead)
    benchmarks.
@@ -48,7 +49,7 @@ from recjax.embeddings.dynamic import (
 from recjax.models.config import MODEL_NAMES
 from recjax.models.ops import dense_dot_general
 from recjax.runlog import write_json_atomic
-from recjax.tools import bench_data, bench_dlrm, bench_spmd, bench_torch
+from recjax.tools import bench_data, bench_dlrm, bench_models_seq, bench_spmd, bench_torch
 from recjax.train.data import data_workers
 from recjax.train.setup import build
 from recjax.train.step import jit_train_step, resolve_microbatches
@@ -58,6 +59,7 @@ from recjax.train.step import jit_train_step, resolve_microbatches
 SECTIONS = {"spmd": bench_spmd.bench_spmd, "runtime": bench_runtime.bench_runtime,
             "gba": bench_gba.bench_gba, "lru": bench_lru.bench_lru,
             "persia": bench_persia.bench_persia, "ray": bench_ray.bench_ray,
+            "models_seq": bench_models_seq.bench_models_seq,
             "data": bench_data.bench_data}  # not in the default --sections: 1.2 GB of files
 
 
@@ -302,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
     p.add_argument("--sections",
-                   default="headline,models,spmd,runtime,gba,lru_store,lru,persia,ray")
+                   default="headline,models,models_seq,spmd,runtime,gba,lru_store,lru,persia,ray")
     p.add_argument("--no-peers", action="store_true",
                    help="skip the PyTorch peers (measured only when torch is installed)")
     p.add_argument("--out", default="bench_results/bench.json")
