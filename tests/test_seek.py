@@ -255,7 +255,7 @@ def test_block_batches_hold_this_process_rows_of_the_global_batches(make):
 
 @pytest.mark.parametrize("kw", SETTINGS[:4] + SETTINGS[6:7])
 def test_first_batches_read_only_their_examples(kw):
-    from recjax.data.seek import first_batches
+    from recjax.data.pipeline import first_batches
 
     kw = {k: v for k, v in kw.items() if k not in ("worker", "num_workers")}
     src = arrays()

@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from recjax.batch import Batch, Chunk, concat_chunks, take, to_batch
-from recjax.data.pipeline import POSITIONS, Shuffle, _copy, batches, rebatch, select
+from recjax.batch import Batch, Chunk, concat_chunks, take
+from recjax.data.stages import POSITIONS, Shuffle, copy_chunk, rebatch, select
 
 Keep = Callable[[np.ndarray], np.ndarray]
 
@@ -191,7 +191,7 @@ def resume(source, pos: Position, batch_size: int, *, shuffle_buffer: int, drop_
     if shuffle_buffer:
         rng = np.random.default_rng()
         rng.bit_generator.state = pos.rng
-        buf = _copy(source.take_rows(pos.buffer))
+        buf = copy_chunk(source.take_rows(pos.buffer))
         stream = Shuffle(shuffle_buffer, rng, buf=buf).run(stream)
     return rebatch(itertools.chain(head, stream), batch_size, drop_remainder=drop_remainder)
 
@@ -278,20 +278,3 @@ def position_batches(source, batch_size: int, *, seed: int, epoch: int, shuffle_
         for lo in range(0, full, batch_size):
             yield pending[lo:lo + batch_size]
         pending = pending[full:]
-
-
-def first_batches(source, batch_size: int, n: int, *, seed: int, epoch: int,
-                  shuffle_buffer: int, keep: Keep | None = None) -> list[Batch]:
-    """The first `n` full batches of the epoch (`batches`' first n), reading only their
-    examples when the source seeks (one `take_rows` for all: each row group read once)."""
-    if not seekable(source):
-        return [b for b, _ in itertools.islice(batches(
-            source, batch_size, seed=seed, epoch=epoch, shuffle_buffer=shuffle_buffer,
-            drop_remainder=True, keep=keep), n)]
-    positions = list(itertools.islice(position_batches(
-        source, batch_size, seed=seed, epoch=epoch, shuffle_buffer=shuffle_buffer, keep=keep), n))
-    if not positions:
-        return []
-    rows = source.take_rows(np.concatenate(positions))
-    return [to_batch(take(rows, slice(i * batch_size, (i + 1) * batch_size)))[0]
-            for i in range(len(positions))]
