@@ -26,8 +26,8 @@ from typing import Any
 
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
-from recjax.data.pipeline import batches, cached
-from recjax.data.seek import Counted, epoch_batches, first_batches
+from recjax.data.pipeline import batches, cached, first_batches
+from recjax.data.seek import Counted, epoch_batches
 from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 
