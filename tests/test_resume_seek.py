@@ -75,8 +75,8 @@ READS = {"single": ({}, {}),
                               "profile": 20 * B})}
 
 
-@pytest.mark.parametrize("algo", [a if a == "single" else pytest.param(a, marks=pytest.mark.slow)
-                                  for a in ALGOS])  # three runs each: ~40 s under load
+@pytest.mark.slow  # three runs each, 40-55 s under load; make test runs the Parquet one below
+@pytest.mark.parametrize("algo", list(ALGOS))
 def test_resume_reads_only_what_the_epoch_has_left(tmp_path, algo):
     n = 7200  # examples of the training file (no hold-out: eval is the other file)
     straight, resumed = _check(tmp_path, TEXT + ALGOS[algo], steps=40, stop=20,
