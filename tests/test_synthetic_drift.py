@@ -117,3 +117,47 @@ def test_bad_knobs_are_refused():
         SyntheticConfig(days=0)
     with pytest.raises(ValueError, match="drift in"):
         SyntheticConfig(drift=1.5)
+
+
+def test_eval_day_picks_the_eval_streams_teacher():
+    cfg = dataclasses.replace(SMALL, days=3, drift=0.6)
+    train = _all(_stream(cfg))
+    for d in (0, 2, 3):
+        other = dataclasses.replace(cfg, eval_day=d)
+        ev = _stream(other, "eval")
+        _, p = ev.labels_and_bayes_probs()
+        x = _all(ev)
+        want = 1 / (1 + np.exp(-_logit(cfg, d, x["dense"], x["ids"][:, :, 0])))
+        np.testing.assert_allclose(p, want, rtol=1e-4, atol=1e-6)
+        got = _all(_stream(other))  # the training stream does not depend on it
+        np.testing.assert_array_equal(got["label"], train["label"])
+    with pytest.raises(ValueError, match="eval_day"):
+        dataclasses.replace(cfg, eval_day=4)
+
+
+def test_day_by_day_with_an_algorithm_switch(tmp_path):
+    """Train day 0 with `single` evaluating day 1, then --resume day 1 with `sync` on 2 devices
+    evaluating day 2: each segment's eval is its next day's (the Bayes NE of that day's eval
+    stream), and metrics.jsonl holds both."""
+    import json
+
+    import algorithms
+    from recjax import cli
+
+    def run(*args):
+        cfg, _ = cli.parse(["--config", "smoke", "--data", "synthetic:smoke", "--batch-size", "64",
+                            "--no-progress", "--synthetic.n_train=4096",
+                            "--synthetic.n_eval=2000", "--synthetic.days=2",
+                            "--synthetic.drift=0.8", "--out", str(tmp_path), *args], "t")
+        return algorithms.run(cfg), cfg
+
+    first, c1 = run("--steps", "32", "--synthetic.eval_day=1")
+    second, c2 = run("--steps", "64", "--resume", "--algo", "sync", "--devices", "2",
+                     "--synthetic.eval_day=2")
+    assert second["resumed_from_step"] == 32 and second["algorithm"] == "sync"
+    for s, c in ((first, c1), (second, c2)):
+        assert s["bayes_eval_ne"] == SyntheticSource(c.synthetic, "eval").bayes_optimal()["ne"]
+    assert first["bayes_eval_ne"] != second["bayes_eval_ne"]
+    evals = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(r)["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [32, 64]

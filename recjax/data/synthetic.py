@@ -25,7 +25,7 @@ import numpy as np
 
 from recjax.batch import Chunk, take
 from recjax.concurrency import ordered_map
-from recjax.config_fields import check_choices
+from recjax.config_fields import RESUMABLE, check_choices
 from recjax.data.base import ReadStats
 from recjax.features import FeatureSpec, FieldSpec
 
@@ -62,6 +62,9 @@ class SyntheticConfig:
         ``x_{d+1} = sqrt(1 - drift^2) x_d + drift * std * e_d``, e_d ~ N(0, 1) (a stationary
         AR(1): each day's weights have the preset's stds; 0 = one teacher for every day, 1 = a
         fresh teacher each day).
+      eval_day: the day the eval stream's examples are of (-1 = ``days``, the day after the
+        last). A ``--resume`` may change it: day after day, train day t and evaluate day t + 1
+        (next-day evaluation, GBA's Criteo-1TB protocol).
     """
 
     name: str = "default"
@@ -80,12 +83,16 @@ class SyntheticConfig:
     teacher: bool = True
     days: int = 1
     drift: float = 0.0
+    eval_day: int = dataclasses.field(default=-1, metadata=RESUMABLE)
 
     def __post_init__(self):
         check_choices(self, "synthetic")
         if self.days < 1 or not 0.0 <= self.drift <= 1.0:
             raise ValueError(f"synthetic.days must be >= 1 and synthetic.drift in [0, 1], got "
                              f"{self.days} and {self.drift}")
+        if not -1 <= self.eval_day <= self.days:
+            raise ValueError(f"synthetic.eval_day must be in [0, days={self.days}] (or -1: the "
+                             f"day after the last), got {self.eval_day}")
         if not self.cardinalities or min(self.cardinalities) < 1:
             raise ValueError("synthetic.cardinalities must be non-empty, each >= 1")
         if self.zipf <= 0:
@@ -255,12 +262,13 @@ class SyntheticSource:
     def days(self, rows: np.ndarray) -> np.ndarray:
         """The day of each example row (the eval stream is day ``cfg.days``)."""
         if self.split == "eval":
-            return np.full(rows.shape, self.cfg.days, np.int64)
+            day = self.cfg.days if self.cfg.eval_day < 0 else self.cfg.eval_day
+            return np.full(rows.shape, day, np.int64)
         return rows * self.cfg.days // self.num_rows
 
     def _logits(self, dense: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
         if self.cfg.drift == 0 or (self.cfg.days == 1 and self.split == "train"):
-            return self.teacher.logits(dense, ids)  # one teacher
+            return self.teacher.logits(dense, ids)  # one teacher (eval_day then changes nothing)
         day = self.days(rows)
         z = np.empty(rows.shape, np.float32)
         for d in np.unique(day):
