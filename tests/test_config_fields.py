@@ -21,7 +21,8 @@ RESUMABLE_BEFORE = {
     "train.save_predictions", "train.tensorboard", "train.stop_after", "train.eval_batch_size",
     "data.prefetch", "data.workers", "data.cache_dir", "data.cache_rows", "train.compile_cache",
     "train.early_stop_patience", "train.keep_best", "train.memory_check",
-    "train.unverified_resume", "train.algo", "train.devices", "train.deterministic"}
+    "train.unverified_resume", "train.algo", "train.devices", "train.deterministic",
+    "synthetic.eval_day"}  # which day fresh eval examples are of: next-day eval (issue 36)
 
 
 def test_resumable_changes_are_the_marked_fields_and_the_same_set_as_before():
