@@ -56,14 +56,6 @@ def _mlp_init(rng, sizes):
     return [(_glorot(rng, a, b), jnp.zeros((b,), jnp.float32)) for a, b in zip(sizes[:-1], sizes[1:])]
 
 
-def _mlp(layers, h, last_linear):
-    for i, (w, b) in enumerate(layers):
-        h = h @ w + b
-        if not (last_linear and i == len(layers) - 1):
-            h = jax.nn.relu(h)
-    return h
-
-
 def _bce(logit, label):
     return jnp.mean(jax.nn.softplus(logit) - label * logit)
 
@@ -96,7 +88,7 @@ def dcn_v2_reference(spec, dim: int, layers: int, deep, rng):
         x = x0
         for w, b in zip(p["w"], p["b"]):  # Eq. 1
             x = x0 * (x @ w.T + b) + x
-        return _bce(_mlp(p["out"], _mlp(p["deep"], x, False), True)[:, 0], label)
+        return _bce(bench_dlrm._mlp(p["out"], bench_dlrm._mlp(p["deep"], x, False), True)[:, 0], label)
 
     flops = 3 * 2 * (layers * k * k + sum(a * b for a, b in zip([k, *deep], [*deep, 1])))
     return params, loss, flops
@@ -120,7 +112,7 @@ def din_reference(spec, dim: int, att: int, deep, rng):
         h = jnp.where(h > 0, h, p["alpha"] * h)
         v_u = jnp.einsum("bl,blk->bk", (h @ w2 + b2)[..., 0], e)  # Eq. 3
         x = jnp.concatenate([emb[:, other, :].reshape(emb.shape[0], -1), v_u, dense], 1)
-        return _bce(_mlp(p["out"], _mlp(p["deep"], x, False), True)[:, 0], label)
+        return _bce(bench_dlrm._mlp(p["out"], bench_dlrm._mlp(p["deep"], x, False), True)[:, 0], label)
 
     length = len(pos[0])
     flops = 3 * 2 * (length * (4 * k * att + att + k) + sum(
