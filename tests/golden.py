@@ -54,11 +54,6 @@ RUNS: dict[str, list[str]] = {
 # echo (a new field would show as a difference of every run)
 VOLATILE = re.compile(r"(seconds|per_sec|qps|wall|hardware|^out$|best_checkpoint|^config$)")
 
-# summary keys added since tests/golden.json was recorded, each with the commit that added it:
-# `check` leaves them out of the comparison (the recorded keys must still all be identical)
-# and names them; a new recording holds them
-ADDED = {"data_rows_read": "b9be256, the examples each source read (issue 36)"}
-
 
 def _stable(x):
     if isinstance(x, dict):
@@ -144,20 +139,13 @@ def main(argv=None) -> int:
     if now["machine"] != want["machine"]:
         print(f"note: recorded on {want['machine']}, checked on {now['machine']}: float "
               "differences may be the machine's", file=sys.stderr)
-    bad, added = 0, set()
+    bad = 0
     for name in names:
-        got, recorded = now["runs"][name], want["runs"].get(name)
-        if recorded is not None:
-            new = {k for k in ADDED if k in got["summary"] and k not in recorded["summary"]}
-            added |= new
-            got = {**got, "summary": {k: v for k, v in got["summary"].items() if k not in new}}
-        d = diff(recorded, got)
+        d = diff(want["runs"].get(name), now["runs"][name])
         bad += bool(d)
         print(f"{name}: {'identical' if not d else f'{len(d)} difference(s)'}")
         for line in d[:20]:
             print("   ", line)
-    for k in sorted(added):
-        print(f"left out: summary key {k!r}, added since the recording ({ADDED[k]})")
     print(f"{len(names) - bad} identical, {bad} different")
     return 1 if bad else 0
 
