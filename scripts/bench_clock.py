@@ -1,7 +1,7 @@
 """Virtual-clock speed: GBA at 32 workers and ShadowSync at 16 trainers against the single
 trainer, wall examples/sec and the ratio (issue 35).
 
-    python scripts/bench_clock.py [--repeats 5] [--quick] [--eager] [--json FILE]
+    python scripts/bench_clock.py [--repeats 5] [--quick] [--eager | --with-eager] [--json FILE]
 
 The body, and its full description: algorithms/tools/bench_clock.py.
 """

@@ -1,7 +1,7 @@
 """How fast the virtual clock simulates: wall examples/sec of GBA at 32 workers and ShadowSync
 at 16 trainers against the single trainer on the same model (issue 35, "a fast virtual clock").
 
-    python scripts/bench_clock.py [--repeats 5] [--quick] [--eager] [--json FILE]
+    python scripts/bench_clock.py [--repeats 5] [--quick] [--eager | --with-eager] [--json FILE]
 
 Every arm trains the default config's DLRM on synthetic data with ``--deterministic`` (the
 virtual clock) and is timed by its own metrics.jsonl: the wall time between its train records
@@ -74,26 +74,37 @@ def timed_rate(metrics: pathlib.Path, start: int, end: int) -> float:
     return (b["examples"] - a["examples"]) / (b["wall"] - a["wall"])
 
 
-def bench_clock(repeats: int = 5, quick: bool = False, eager: bool = False) -> list[dict]:
+def bench_clock(repeats: int = 5, quick: bool = False, eager: bool = False,
+                with_eager: bool = False) -> list[dict]:
     """One row per arm: median wall examples/sec, median ratio to single, every repeat.
-    `eager`: the virtual clock runs each worker computation when it is made, one jitted call
-    each, as before `batched.py` (what the batching buys)."""
+
+    Args:
+      eager: the virtual clock runs each worker computation when it is made, one jitted call
+        each, as before `batched.py` (what the batching buys).
+      with_eager: every virtual-clock arm twice, batched and eager (``ARM eager``), interleaved
+        in each repeat, so that the two are compared under the same load.
+    """
     import algorithms
     from algorithms.runtime import batched
 
-    batched.ENABLED = not eager
-
-    arms = ["single", *(f"gba/{m}" for m in (QUICK_MODES if quick else MODES)), "shadow"]
+    arms = [*(f"gba/{m}" for m in (QUICK_MODES if quick else MODES)), "shadow"]
+    if with_eager:
+        arms = [a for arm in arms for a in (arm, f"{arm} eager")]
+    arms = ["single", *arms]
     runs: dict[str, list[float]] = {a: [] for a in arms}
     loads = []
-    for r in range(repeats):
-        for arm in arms:
-            with tempfile.TemporaryDirectory() as out:
-                cfg = arm_config(arm, WINDOW[quick], r, out)
-                algorithms.run(cfg)
-                s = cfg.train.log_every
-                runs[arm].append(timed_rate(pathlib.Path(out) / "metrics.jsonl", s, 3 * s))
-            loads.append(os.getloadavg()[0])
+    try:
+        for r in range(repeats):
+            for arm in arms:
+                batched.ENABLED = not (eager or arm.endswith(" eager"))
+                with tempfile.TemporaryDirectory() as out:
+                    cfg = arm_config(arm.removesuffix(" eager"), WINDOW[quick], r, out)
+                    algorithms.run(cfg)
+                    s = cfg.train.log_every
+                    runs[arm].append(timed_rate(pathlib.Path(out) / "metrics.jsonl", s, 3 * s))
+                loads.append(os.getloadavg()[0])
+    finally:
+        batched.ENABLED = True
     rows = []
     for arm, eps in runs.items():
         ratios = [a / b for a, b in zip(eps, runs["single"])]
@@ -112,16 +123,18 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--eager", action="store_true",
                    help="worker computations one call each, as before batched.py")
+    p.add_argument("--with-eager", action="store_true",
+                   help="also every virtual-clock arm without batching, interleaved")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
-    rows = bench_clock(args.repeats, args.quick, args.eager)
+    rows = bench_clock(args.repeats, args.quick, args.eager, args.with_eager)
     print(f"virtual clock ({'eager' if args.eager else 'batched'}) vs single, global batch "
           f"{GLOBAL_BATCH}, stragglers {STRAGGLERS}, median of {args.repeats} interleaved "
           "repeats, load average "
           f"{rows[0]['load_average_median']:.1f} ({os.cpu_count()} cores)")
-    print(f"{'arm':<14}{'wall ex/s':>12}{'/ single':>10}   goal >= 0.5")
+    print(f"{'arm':<20}{'wall ex/s':>12}{'/ single':>10}   goal >= 0.5")
     for r in rows:
-        print(f"{r['arm']:<14}{r['examples_per_sec_median']:>12,.0f}"
+        print(f"{r['arm']:<20}{r['examples_per_sec_median']:>12,.0f}"
               f"{r['ratio_to_single_median']:>10.3f}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
