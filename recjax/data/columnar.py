@@ -46,6 +46,7 @@ import collections
 import dataclasses
 import json
 import os
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -199,6 +200,10 @@ class ParquetSource:
         for f in self.layout.fields:
             self._columns += f.columns(raw_ids)
         self._open_files: dict[int, object] = {}
+        # one reader at a time: a ParquetFile is not safe to read from several threads (the
+        # host-async workers share this source), pyarrow raised "ReadRangeCache did not find
+        # matching cache entry"
+        self._lock = threading.Lock()
         for i in range(len(self.files)):
             self._file(i)  # every footer checked before the first step
         self.stats = ReadStats()
@@ -212,7 +217,10 @@ class ParquetSource:
         return int(self.manifest["rows"])
 
     def __getstate__(self) -> dict:  # open files stay behind; another process opens its own
-        return {**self.__dict__, "_open_files": {}, "_last": (None,)}
+        return {**self.__dict__, "_open_files": {}, "_last": (None,), "_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def _check_multi_hot_len(self, multi_hot_len: int) -> int:
         multi = [f.name for f in self.layout.fields if f.multi_hot]
@@ -319,6 +327,10 @@ class ParquetSource:
                 self.raw_hashed[f.name] += n
 
     def _read(self, group: RowGroup, columns: list[str] | None = None):
+        with self._lock:
+            return self._read_locked(group, columns)
+
+    def _read_locked(self, group: RowGroup, columns: list[str] | None):
         pf = self._file(group.file)
         try:
             return pf.read_row_group(group.index, columns=columns or self._columns,
