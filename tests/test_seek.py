@@ -264,3 +264,18 @@ def test_first_batches_read_only_their_examples(kw):
     got = first_batches(src, B, 5, seed=1, epoch=0, **kw)
     assert_batches_equal([(b, B) for b in got], want)
     assert src.rows_read - before == 5 * B
+
+
+def test_open_data_fills_the_cache_only_when_it_fits(criteo_parquet):
+    """A Parquet dataset that fits --data.cache_rows is read once at open into memory (the
+    host-async workers then share it); a larger one is counted from its manifest, unread."""
+    from recjax import cli
+    from recjax.train.data import open_data
+
+    for cache_rows, cached_after, read in ((100_000, True, 7200), (0, False, 0)):
+        cfg, _ = cli.parse(["--data", f"parquet:{criteo_parquet}", "--data.holdout=0.1",
+                            f"--data.cache_rows={cache_rows}"], "t")
+        data = open_data(cfg)
+        assert data.train.is_cached == cached_after
+        assert data.train.source.rows_read == read
+        assert data.train_rows == int(np.count_nonzero(data.keep_train(np.arange(7200))))

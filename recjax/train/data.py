@@ -15,7 +15,7 @@ from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
 from recjax.data.columnar import ParquetSource
 from recjax.data.diskcache import DiskCachedSource
-from recjax.data.pipeline import cached, holdout_split
+from recjax.data.pipeline import CachedSource, cached, holdout_split
 from recjax.data.seek import epoch_rows, position_batches, seekable
 from recjax.data.sources import open_source
 from recjax.data.synthetic import SyntheticSource, synthetic_name
@@ -104,11 +104,13 @@ def train_shuffle_buffer(data: RunData, configured: int) -> int:
 
 
 def _count(source: DataSource, keep: Keep) -> int:
-    """Examples of `source` that `keep` selects: from its chunk sizes and row ids when it seeks
-    (a Parquet dataset's manifest and ``row`` column, memory), else by a pass (which fills the
-    in-memory cache of a text source)."""
-    if seekable(source):
-        return epoch_rows(source, keep=keep)
+    """Examples of `source` that `keep` selects: by a pass when the pass fills the in-memory
+    cache (a text file, a Parquet dataset of at most ``data.cache_rows``; host-async workers
+    then share memory instead of each reading the file), else from chunk sizes and row ids (a
+    larger Parquet dataset: its manifest and ``row`` column, no pass)."""
+    if seekable(source) and not (isinstance(source, CachedSource) and not source.is_cached
+                                 and sum(source.chunk_sizes()) <= source.max_rows):
+        return epoch_rows(source, keep=keep)  # in memory already, or too large for it
     n = 0
     for chunk in source.chunks():
         n += chunk.size if keep is None else int(np.count_nonzero(keep(chunk.row)))
