@@ -126,9 +126,11 @@ def update(plan: EmbeddingPlan, opt, s: Store, block, slots, route: Route, g: ja
         per_uniq, mode="drop")
     got = jax.lax.all_to_all(send, plan.axis, 0, 0, tiled=True)
     recv = route.recv
-    if not plan.same_axis and plan.n_batch > 1:  # a row block's replicas over data: every
+    if not plan.same_axis:  # a row block's replicas over data: every data shard's gradients
+        # for it (over a data axis of size 1 too: a no-op on the values that makes the block
+        # invariant over data, as the masked path's is, so lax.cond's branches agree)
         recv, got = (jax.lax.all_gather(x, plan.batch_axis, axis=0, tiled=True, to="invarying")
-                     for x in (recv, got))  # data shard's gradients for it
+                     for x in (recv, got))
     return opt.update(block, slots, recv.reshape(-1), got.reshape(-1, d), step)
 
 
