@@ -125,6 +125,8 @@ def check_features(cfg) -> None:
         raise ValueError(f"embed.dims (per-table embedding dims) is for "
                          f"{' and '.join(DIMS_MODELS)}: model {m.name!r} "
                          + ("has no embeddings but the dim-1 wide weights" if m.name == "lr"
+                            else "compares behaviours with the target's embedding (e - v_A, "
+                            "e * v_A), which needs one width (model.embed_dim)" if m.name == "din"
                             else "takes dot products between fields' embeddings, which "
                             "need one width (model.embed_dim)")
                          + "; drop embed.dims")
