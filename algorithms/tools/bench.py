@@ -15,7 +15,8 @@ to an in-run reference, because the machines are shared and noisy (docs/performa
    torch.compile peers of PERF_NOTES are measured in the same run (recjax/tools/bench_torch.py).
 3. The SPMD (scripts/bench_spmd.py), host-async runtime (scripts/bench_runtime.py), GBA, LRU,
    Persia and Ray backend (scripts/bench_ray.py: Ray vs threads, scaling, one call's overhead)
-   benchmarks.
+   benchmarks; `clock` (scripts/bench_clock.py): the virtual clock's wall speed at 32 GBA
+   workers and 16 ShadowSync trainers against the single trainer.
    `data` (recjax/tools/bench_data.py), only when named in --sections: text and Parquet to
    batches against pyarrow's own readers, on a generated 5M-row Criteo file.
 4. `lru_store`: the dynamic-id embedding store (recjax/embeddings/dynamic.py) against a fixed
@@ -33,7 +34,14 @@ import time
 import jax
 import numpy as np
 
-from algorithms.tools import bench_gba, bench_lru, bench_persia, bench_ray, bench_runtime
+from algorithms.tools import (
+    bench_clock,
+    bench_gba,
+    bench_lru,
+    bench_persia,
+    bench_ray,
+    bench_runtime,
+)
 from recjax import configs
 from recjax.concurrency import Prefetcher
 from recjax.data.hashing import mix64
@@ -60,6 +68,7 @@ SECTIONS = {"spmd": bench_spmd.bench_spmd, "runtime": bench_runtime.bench_runtim
             "gba": bench_gba.bench_gba, "lru": bench_lru.bench_lru,
             "persia": bench_persia.bench_persia, "ray": bench_ray.bench_ray,
             "models_seq": bench_models_seq.bench_models_seq,
+            "clock": bench_clock.bench_clock,
             "data": bench_data.bench_data}  # not in the default --sections: 1.2 GB of files
 
 
@@ -304,7 +313,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=0, help="steps per timed repeat")
     p.add_argument("--sections",
-                   default="headline,models,models_seq,spmd,runtime,gba,lru_store,lru,persia,ray")
+                   default="headline,models,models_seq,spmd,runtime,clock,gba,lru_store,lru,persia,"
+                           "ray")
     p.add_argument("--no-peers", action="store_true",
                    help="skip the PyTorch peers (measured only when torch is installed)")
     p.add_argument("--out", default="bench_results/bench.json")
