@@ -48,12 +48,12 @@ def predictor(rt: Runtime):
 
 def take_counts(rt: Runtime) -> None:
     """Before a checkpoint: the progress takes the run's counters so far (this call's added
-    to the checkpoint's, under the algorithm's name), once."""
-    if rt.counts is not None and not getattr(rt, "_counted", False):
+    to the checkpoint's, under the algorithm's name), once: `Runtime.counts` is spent."""
+    if rt.counts is not None:
         algo = rt.cfg.train.algo
         rt.progress.counts = {**rt.progress.counts, algo: contract.add_counts(
             rt.progress.counts.get(algo, {}), rt.counts())}
-        rt._counted = True
+        rt.counts = None
 
 
 def own(rt: Runtime) -> Any:
