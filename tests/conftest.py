@@ -15,6 +15,19 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RECJAX_DATA", ROOT.parent / "shared" / "data"))
 
 
+def assert_same_arrays(got, want) -> None:
+    """Every field of two named tuples of arrays (a `Chunk`, a `Batch`): None in both, or the
+    same dtype, shape and values."""
+    import numpy as np
+
+    for name, a, b in zip(want._fields, got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
 def data_path(*parts: str) -> pathlib.Path:
     """Path to a real-data sample, or skip the test with the reason when it is absent."""
     p = DATA.joinpath(*parts)

@@ -22,7 +22,7 @@ from recjax.data.convert import convert
 from recjax.data.pipeline import batches, holdout_split
 from recjax.data.sources import open_source
 from recjax.registry import NAMES
-from tests.conftest import ROOT, data_path
+from tests.conftest import ROOT, assert_same_arrays, data_path
 
 SAMPLES = [("criteo", "criteo_kaggle_8k/train.tsv"), ("criteo", "criteo_kaggle_8k/valid.tsv"),
            ("criteo-csv", "criteo_kaggle_csv/train.tiny.csv"), ("avazu", "avazu_9k/train.csv"),
@@ -39,12 +39,7 @@ def assert_same_chunks(text, columnar) -> None:
     got, want = list(columnar.chunks()), list(text.chunks())
     assert [c.size for c in got] == [c.size for c in want]
     for g, w in zip(got, want):
-        for name, a, b in zip(w._fields, g, w):
-            if b is None:
-                assert a is None, name
-                continue
-            assert (a.dtype, a.shape) == (b.dtype, b.shape), name
-            np.testing.assert_array_equal(a, b, err_msg=name)
+        assert_same_arrays(g, w)
     assert columnar.stats.rows == text.stats.rows
     if not text.stats.skipped:  # the text readers count bad lines' ids too, before dropping them
         assert columnar.stats.truncated == text.stats.truncated

@@ -20,7 +20,7 @@ from recjax.data.pipeline import batches, cached, holdout_split
 from recjax.data.seek import epoch_rows, locate, seekable
 from recjax.data.sources import open_source
 from recjax.data.synthetic import SyntheticSource, preset
-from tests.conftest import data_path
+from tests.conftest import assert_same_arrays, data_path
 
 B = 16
 
@@ -35,12 +35,7 @@ def assert_batches_equal(got, want) -> None:
     assert len(got) == len(want)
     for (g, gn), (w, wn) in zip(got, want):
         assert gn == wn
-        for name, a, b in zip(w._fields, g, w):
-            if b is None:
-                assert a is None, name
-                continue
-            assert (a.dtype, a.shape) == (b.dtype, b.shape), name
-            np.testing.assert_array_equal(a, b, err_msg=name)
+        assert_same_arrays(g, w)
 
 
 def check_seeks(source, starts, **kw) -> None:
