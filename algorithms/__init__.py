@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 
 from algorithms.runtime import placement
-from algorithms.runtime.segments import run_in_segments, with_latest
+from algorithms.runtime.segments import with_latest
 from recjax import registry
 from recjax.config import Config
 
@@ -35,8 +35,6 @@ def run(cfg: Config) -> dict:
     registry.check(cfg)
     cfg = placement.settle(cfg)
     try:
-        if registry.REGISTRY[cfg.train.algo].kind == registry.HOST_ASYNC:
-            return run_in_segments(RUNNERS[cfg.train.algo], cfg)  # checkpoint to checkpoint
         return RUNNERS[cfg.train.algo](cfg)
     except BaseException as e:  # a process the run needs died: say which, not Ray's error
         lost = placement.lost(e)

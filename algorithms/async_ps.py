@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from algorithms.runtime import RoleSpec, Runtime, Worker
+from algorithms.runtime import RoleSpec, Runtime, Worker, intervals
 from algorithms.runtime.ps import DensePS
 from recjax.config import Config
 
@@ -39,7 +39,11 @@ def worker_role(rt: Runtime, worker: Worker, server: DensePS):
 
 def run(cfg: Config) -> dict:
     """``--algo async``: train, evaluate, return (and write) the summary."""
-    rt = Runtime(cfg, cfg.runtime.hogwild_workers)
+    return intervals.run(cfg, cfg.runtime.hogwild_workers, interval)
+
+
+def interval(rt: Runtime) -> dict:
+    """One checkpoint interval of the run (`intervals.run`); its `Runtime.finish`."""
     s0 = rt.init_state
     # The dense PS lives in this process under every backend (as Persia's). Under Ray an
     # actor of its own moved more bytes: the driver owns the references of the calls it makes,

@@ -65,6 +65,7 @@ from algorithms.runtime import (
     Worker,
     WorkerLost,
     histogram_summary,
+    intervals,
 )
 from algorithms.runtime.batched import resolve
 from algorithms.runtime.ps import Rows
@@ -514,7 +515,13 @@ def worker_role(rt: Runtime, server: GbaServer, worker: Worker):
 def run(cfg: Config) -> dict:
     """``--algo gba``: train, evaluate, return (and write) the summary."""
     p = plan(cfg)
-    rt = Runtime(cfg, p.workers, batch_size=p.local_batch)
+    return intervals.run(cfg, p.workers, interval, batch_size=p.local_batch)
+
+
+def interval(rt: Runtime) -> dict:
+    """One checkpoint interval of the run (`intervals.run`); its `Runtime.finish`."""
+    cfg = rt.cfg
+    p = plan(cfg)
     s0 = rt.init_state
     local, rows = rt.warm_batch
     _, g, sums = jax.device_get(rt.grads_rows(s0.params, rt.ps.pull(rows, admit=False), local))

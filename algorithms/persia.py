@@ -73,6 +73,7 @@ from algorithms.runtime import (
     Work,
     Worker,
     histogram_summary,
+    intervals,
     stragglers,
 )
 from algorithms.runtime.codec import Codec
@@ -301,10 +302,9 @@ class PsRecovery:
 class Persia:
     """One Persia run: the engine, the jitted pieces of each role, the shared pipeline."""
 
-    def __init__(self, cfg: Config):
-        self.cfg, self.p = cfg, plan(cfg)
-        p = self.p
-        self.rt = rt = Runtime(cfg, p.nn_workers)
+    def __init__(self, rt: Runtime):
+        self.cfg, self.p = cfg, p = rt.cfg, plan(rt.cfg)
+        self.rt = rt
         self.codec = Codec(cfg.persia.compress, cfg.persia.kappa)
         self.pipe = Pipeline(p)
         self.ledger = Ledger()
@@ -594,4 +594,4 @@ class _Batch:
 
 def run(cfg: Config) -> dict:
     """``--algo persia``: train, evaluate, return (and write) the summary."""
-    return Persia(cfg).run()
+    return intervals.run(cfg, plan(cfg).nn_workers, lambda rt: Persia(rt).run())

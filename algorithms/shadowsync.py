@@ -23,7 +23,17 @@ from __future__ import annotations
 import numpy as np
 
 from algorithms import sync_rules
-from algorithms.runtime import Collective, Counters, Rendezvous, Replica, RoleSpec, Runtime, Work, Worker
+from algorithms.runtime import (
+    Collective,
+    Counters,
+    Rendezvous,
+    Replica,
+    RoleSpec,
+    Runtime,
+    Work,
+    Worker,
+    intervals,
+)
 from algorithms.runtime.ps import SyncPS
 from recjax.config import Config
 
@@ -92,11 +102,16 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
 
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
+    return intervals.run(cfg, cfg.runtime.hogwild_workers, interval)  # n x m worker roles
+
+
+def interval(rt: Runtime) -> dict:
+    """One checkpoint interval of the run (`intervals.run`); its `Runtime.finish`."""
+    cfg = rt.cfg
     rule = make_rule(cfg)
     rc, sc = cfg.runtime, cfg.shadowsync
     foreground = cfg.train.algo == "fr"
     n, m = rc.trainers, rc.workers_per_trainer
-    rt = Runtime(cfg, rc.hogwild_workers)  # n x m worker roles
     s0 = rt.init_state
     replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
     # The EASGD sync PS lives in this process under every backend, beside the replicas it

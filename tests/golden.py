@@ -11,7 +11,10 @@ compared exactly: the file is valid on the CPU and the jax version it names (XLA
 differently elsewhere; `check` says so). Not a pytest module: a golden set is recorded and
 checked around one restructuring; tests/golden.json is the set of the registry change (AMD
 EPYC, jax 0.10.2), with three runs added on 2026-11-27 (``record --only NAMES --add``) where
-the set had nothing: GBA's per-id rule firing, DiLoCo, DCN-v2.
+the set had nothing: GBA's per-id rule firing, DiLoCo, DCN-v2. ``shadow-ckpt`` was
+re-recorded once for a named fix that changed only its ``data_rows_read``: a host-async run's
+checkpoint intervals share one runtime, so the rows read cover every interval of the process,
+not the last one only (algorithms/runtime/intervals.py).
 """
 
 from __future__ import annotations

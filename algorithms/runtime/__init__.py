@@ -11,7 +11,8 @@
 * ``placement.py``: where PS shards, workers' compute and shared servers live (this process,
   or Ray actors: ``ray_placement.py``), chosen once per run;
 * ``worker.py``: what one worker computes and counts (gradients on mini tables, `Worker`);
-* ``segments.py``: a run from checkpoint to checkpoint (``train.ckpt_every``), roles' stop signals;
+* ``intervals.py``: a run from checkpoint to checkpoint (``train.ckpt_every``) on one `Runtime`;
+  ``segments.py``: where each interval starts and stops, the roles' stop signals;
 * ``finish.py``: the checkpoint a stop leaves, and the run's end (eval, checkpoint, summary);
 * ``report.py``: progress bar, train / eval / counters records and TensorBoard while it runs;
 * ``ray_backend.py``: ``--backend ray``'s cluster and the watch over its processes; what
@@ -21,7 +22,7 @@
 The algorithms (``async_ps.py``, ``shadowsync.py``, ``gba.py``) are modules beside this package.
 """
 
-from algorithms.runtime import stragglers
+from algorithms.runtime import intervals, stragglers
 from algorithms.runtime.clock import (
     Collective,
     Link,
@@ -40,5 +41,5 @@ from algorithms.runtime.report import histogram_summary
 from algorithms.runtime.worker import Counters, Replica, Worker
 
 __all__ = ["Collective", "Counters", "Link", "Rendezvous", "Replica", "RoleSpec", "Runtime",
-           "Schedule", "Signal", "Wait", "Work", "Worker", "WorkerLost", "histogram_summary", "run_threaded",
-           "run_virtual", "stragglers"]
+           "Schedule", "Signal", "Wait", "Work", "Worker", "WorkerLost", "histogram_summary",
+           "intervals", "run_threaded", "run_virtual", "stragglers"]

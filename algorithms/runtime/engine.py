@@ -88,6 +88,7 @@ class Runtime:
         # ``() -> pytree``: the algorithm's own arrays, checkpointed beside the train state
         # (ShadowSync's replicas); set by the algorithm, read back by `restore_own`
         self.own: Any = None
+        self.carry_own: Any = None  # `own` as the previous interval's checkpoint holds it
         # ``() -> dict``: the algorithm's additive counters of this call (`contract.add_counts`);
         # each checkpoint's progress holds them added to those before (`base_counts`)
         self.counts: Any = None
@@ -131,31 +132,54 @@ class Runtime:
         if lru:
             self.ps = make_ps({}, {})
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
-        # where this call's roles start (a checkpoint?) and stop (its interval's end?)
+        # stragglers: draws keyed by (worker, its iteration in the interval), from the seed
+        self.stragglers = stragglers.parse(rc.stragglers, self.num_workers, tc.seed)
+        # where the first interval's roles start (a checkpoint?) and stop (its end?)
         self.ckpt, state, self.progress, span = segments.open_segment(
             cfg, state, self.num_workers, self.steps_per_epoch)
+        if lru:
+            if span.start:
+                self.ps.restore(state.tables, state.slots)
+        else:
+            self.ps = make_ps(state.tables, state.slots)
+        self._begin(span, state)
+        self._compile(state, self.localize(profile[0]))
+
+    def _begin(self, span: segments.Span, state: TrainState) -> None:
+        """Set up a checkpoint interval from `state` (the tables are the PS's already): where
+        its roles start and stop, the links (from zero, as after every --resume), the PS's
+        optimizer step."""
+        rc = self.cfg.runtime
+        self.span = span
         self.resuming, self.start_step, self.run_start = span.resuming, span.start, span.run_start
         self.total_steps, self.run_steps, self.periodic = span.end, span.run_end, span.periodic
-        # the cost model: stragglers, compute per example, links
-        self.stragglers = stragglers.parse(rc.stragglers, self.num_workers, tc.seed)
         self.example_cost = rc.example_cost_us * 1e-6
         bw = rc.bandwidth_gbps * 1e9 / 8
         self.shard_links = [Link(f"emb-ps-{s}", bw) for s in range(rc.ps_shards)]
         self.bandwidth = (rc.sync_bandwidth_gbps * 1e9 / 8) if rc.sync_bandwidth_gbps > 0 else bw
         self.dense_link = Link("sync-ps", self.bandwidth)  # dense bandwidth: also all-reduce
-
-        if lru:
-            if self.start_step:
-                self.ps.restore(state.tables, state.slots)
-        else:
-            self.ps = make_ps(state.tables, state.slots)
         for shard in self.ps.shards:  # the sparse optimizer's step goes on from the checkpoint
             if shard.tables and self.start_step:  # (a new shard's is 0; under Ray a set costs
                 shard.step = self.start_step      # a snapshot of its tables)
         # The PS owns the tables from here (its shards made their own copies): the engine keeps
         # the dense state only, or the host would hold every table twice (dlrm_kaggle: 1.1 GB).
         self.init_state = state._replace(tables={}, slots={})
-        self._compile(state, self.localize(profile[0]))
+        self.own = self.counts = self.report = None  # the algorithm's, for this interval
+        self.carry = None  # what `finish` leaves the next interval (`next_interval`)
+
+    def next_interval(self) -> bool:
+        """After `finish`: go on to the run's next checkpoint interval from the state just
+        checkpointed, in memory (the data, placement, PS and compiled functions stay), or
+        False: the run is over."""
+        if self.carry is None:
+            return False
+        state, own = self.carry
+        self.t0 = time.perf_counter()
+        self._begin(segments.next_span(self.cfg, self.span, int(state.step), self.num_workers),
+                    state)
+        self.carry_own = own
+        self.placement.end_interval()
+        return True
 
     def _compile(self, state: TrainState, warm_batch: tuple) -> None:
         """Build every jitted piece of the workers and run it once on `warm_batch` before any
@@ -201,6 +225,8 @@ class Runtime:
         algorithm's, or of another topology: said on stderr)."""
         if not self.resuming:
             return None
+        if self.carry_own is not None:  # the run's previous interval, in memory
+            return self.carry_own
         return contract.restore_extra(self.ckpt, self.start_step, like, self.cfg.train.algo)
 
     def state(self, params: Any, opt_state: Any, step: int) -> TrainState:
@@ -209,8 +235,10 @@ class Runtime:
         return TrainState(jnp.asarray(step, jnp.int32), params, opt_state, tables, slots)
 
     def close(self) -> None:
+        """Close the checkpointer and stop the placement's processes; safe to repeat."""
         if self.ckpt is not None:
             self.ckpt.close()
+            self.ckpt = None
         self.placement.close()
 
     # -- the run -----------------------------------------------------------------------------

@@ -125,19 +125,22 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     if report.stopper is not None:
         rt.progress.early_stop = report.stopper.state()
     take_counts(rt)
+    mine = own(rt)
     if rt.ckpt is not None:
-        contract.save(rt.ckpt, cfg, state, rt.progress, wall, own(rt))
-        rt.ckpt.close()
+        contract.save(rt.ckpt, cfg, state, rt.progress, wall, mine)
     if not at_end:
         report.boundary(step, sched.seconds, ev, extra)
-        rt.placement.close()
-        return {"stopped_at": step, "steps": step, "run_start": rt.run_start,
-                "next_segment": rt.periodic and step < (tc.stop_after or rt.run_steps)}
+        if rt.periodic and step < (tc.stop_after or rt.run_steps):  # the run goes on from here
+            rt.carry = (state._replace(tables={}, slots={}), mine)
+            rt.progress.wall_seconds += wall  # as the checkpoint's progress holds it
+        else:
+            rt.close()
+        return {"stopped_at": step, "steps": step}
     if rt.ps.lru:
         extra = {"lru": rt.ps.lru_counters(), **extra}
     extra = {"backend": rt.placement.name, "lost_roles": sched.lost, **extra}
     extra.update(rt.placement.fault_counters())
-    rt.placement.close()
+    rt.close()
     summary = contract.build_summary(
         cfg, rt.data, state, rt.progress, ev, start_step=rt.run_start,
         wall_seconds=rt.progress.wall_seconds + wall, train_seconds=rt.progress.train_seconds,

@@ -75,6 +75,10 @@ class Placement(Protocol):
     def fault_counters(self) -> dict:
         """The summary's counters of the faults survived (restarts, lost pushes)."""
 
+    def end_interval(self) -> None:
+        """Between two checkpoint intervals of one run: the shared servers of the interval
+        before (`host`) are done (PS shards and worker compute stay)."""
+
     def close(self) -> None:
         """Stop every process this placement started (none in-process); safe to repeat."""
 
@@ -117,6 +121,9 @@ class InProcess:
 
     def fault_counters(self):
         return {}
+
+    def end_interval(self):
+        pass  # a shared server is the algorithm's object: it goes with the interval's roles
 
     def close(self):
         pass

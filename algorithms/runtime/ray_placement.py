@@ -36,6 +36,11 @@ class RayPlacement:
         self.cluster = ray_backend.Cluster(rt.cfg.ray, rt.cfg.train.out)
         self.groups = ray_workers.Groups(rt, self.cluster)
         self.dense_on_actor = False
+        # the actors of the shared servers (`host`) of this interval, and of those before it,
+        # whose processes the next interval's servers are built in: class -> handles
+        self.hosted: list = []
+        self.spare: dict[type, list] = {}
+        self._fns: dict = {}
 
     def make_ps(self, layout, sparse_opt, tables, slots, table_shard, shards, lru):
         # each shard's actor rebuilds the sparse optimizer from the config
@@ -45,9 +50,14 @@ class RayPlacement:
     def host(self, cls, factory, *args, dense_grads=False, **proxy):
         """``factory(*args)`` built in an actor of its own, behind a `ray_wire.Hosted` proxy;
         its actor is watched: it holds state that is not restarted."""
-        handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
-                                    resource=self.rt.cfg.ray.ps_resource)
-        self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
+        if self.spare.get(cls):  # an earlier interval's process: no new process, no import
+            handle = self.spare[cls].pop()
+            ray_backend._ray().get(handle.rebuild.remote(factory, *args))
+        else:
+            handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
+                                        resource=self.rt.cfg.ray.ps_resource)
+            self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
+        self.hosted.append((cls, handle))
         self.dense_on_actor = self.dense_on_actor or dense_grads
         return ray_wire.Hosted(handle, cls, **proxy)
 
@@ -58,7 +68,10 @@ class RayPlacement:
                                      group_size)
 
     def remote_fn(self, group, name, factory, *args):
-        return ray_workers.RemoteFn(self.groups, group, name, factory, args)
+        key = (group, name, args)  # built once in the group's process, for every interval
+        if key not in self._fns:
+            self._fns[key] = ray_workers.RemoteFn(self.groups, group, name, factory, args)
+        return self._fns[key]
 
     def warm(self, params, batch):
         self.groups.warm_all(params, batch)
@@ -80,6 +93,13 @@ class RayPlacement:
     def fault_counters(self):
         return {**self.rt.ps.fault_counters(), "ray_worker_groups": len(self.groups.handles),
                 "ray_worker_respawns": self.groups.respawns}
+
+    def end_interval(self):
+        """The interval's shared servers are done: their actors wait, still watched, for the
+        next interval's servers (`host` builds them there)."""
+        for cls, handle in self.hosted:
+            self.spare.setdefault(cls, []).append(handle)
+        self.hosted = []
 
     def close(self):
         self.cluster.stop()

@@ -113,6 +113,11 @@ class _Host:
     def __init__(self, factory, *args):
         self.obj = factory(*args)
 
+    def rebuild(self, factory, *args) -> None:
+        """Replace the object (the next checkpoint interval's server, in the same process)."""
+        self.obj = None
+        self.obj = factory(*args)
+
     def call(self, method: str, *args) -> Any:
         """The method's result, its jax arrays as numpy: Ray pickles a jax array through
         ``ArrayImpl.__reduce__``, on the 2-core box 6.5-7.5 ms of CPU to return dlrm_kaggle's

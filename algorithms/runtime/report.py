@@ -237,7 +237,7 @@ class Reporter:
                 print(f"  {k:>36}  {v:.6g}" if isinstance(v, float) else f"  {k:>36}  {v}")
 
     def boundary(self, step: int, seconds: float, ev: dict | None, extra: dict) -> None:
-        """The records of a checkpoint interval's end (`run_in_segments`): train and counters
+        """The records of a checkpoint interval's end (``intervals.py``): train and counters
         over the batches since the last record (the next interval's roles start afresh, so its
         window would miss them), and the eval made there, if one was due."""
         self.out.progress(step)

@@ -32,6 +32,15 @@ from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 
 
+def counted(data: RunData, reader: str) -> Counted:
+    """The run's training source seen through the counter of `reader` (a worker, the data
+    list, the placement's profile): one counter for the run, so the summary's rows read per
+    reader cover every checkpoint interval of this process."""
+    if reader not in data.readers:
+        data.readers[reader] = Counted(data.train)
+    return data.readers[reader]
+
+
 class Feed:
     """A host-async run's training data, and the supplies its workers take batches from.
 
@@ -58,7 +67,7 @@ class Feed:
     def first(self, n: int) -> list:
         """The first `n` (at least one) worker batches of the run's example order, as read
         (the PS placement's load profile, the batch every function is compiled on)."""
-        source = self.data.readers["profile"] = Counted(self.data.train)  # its reads
+        source = counted(self.data, "profile")  # its reads
         return first_batches(source, self.batch_size, max(n, 1), seed=self.cfg.train.seed,
                              epoch=0, shuffle_buffer=self.shuffle, keep=self.data.keep_train)
 
@@ -116,7 +125,7 @@ class StaticShards:
         self._taken = [0] * num_workers
 
     def _gen(self, wid: int) -> Iterator:
-        source = self.data.readers[f"worker {wid}"] = Counted(self.data.train)  # its reads
+        source = counted(self.data, f"worker {wid}")  # its reads
         epoch, skip = 0, self.skip
         if skip:  # the batches consumed before the checkpoint are not read (recjax.data.seek)
             per_epoch = epoch_batches(source, self.batch_size, worker=wid,
@@ -186,7 +195,7 @@ class SharedList:
                                   name="recjax-prefetch-list")
 
     def _gen(self) -> Iterator:
-        source = self.data.readers["data list"] = Counted(self.data.train)  # its reads
+        source = counted(self.data, "data list")  # its reads
         i = self.start
         while i < self.stop:
             epoch, skip = divmod(i, self.per_epoch)

@@ -75,10 +75,12 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
     import numpy as np
 
     from algorithms import persia
+    from algorithms.runtime import Runtime
     from algorithms.runtime.ps import localize
     from recjax.train.step import apply_dense
 
-    p = persia.Persia(bench_config("hybrid", "threads", 64))
+    cfg = bench_config("hybrid", "threads", 64)
+    p = persia.Persia(Runtime(cfg, persia.plan(cfg).nn_workers))
     rt, codec, k = p.rt, p.codec, p.p.nn_workers
     batch = rt.feed.first(1)[0]
     local, rows = localize(rt.model.layout, batch)
