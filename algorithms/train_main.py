@@ -29,7 +29,12 @@ def main(argv=None) -> int:
     import algorithms  # after parsing: --help stays instant
 
     try:
-        summary = algorithms.run(cfg)
+        if cfg.data.eval_protocol == "next_day":  # one resumed segment per day
+            from recjax.train import days
+
+            summary = days.run_days(cfg, algorithms.run)
+        else:
+            summary = algorithms.run(cfg)
     except (ValueError, OSError) as e:  # bad input/config/paths: a message, not a traceback
         if args.debug:
             raise
@@ -53,6 +58,10 @@ def main(argv=None) -> int:
                 print(f"{k:>{width}}  unavailable (see the warning above)")
                 continue
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
+    if summary.get("days"):
+        from recjax.train import days
+
+        print(days.table_text(summary["days"]))
     if cfg.train.out:
         print(f"{'out':>{width}}  {os.path.abspath(cfg.train.out)}")
     return 0

@@ -216,6 +216,10 @@ class ParquetSource:
     def num_rows(self) -> int:
         return int(self.manifest["rows"])
 
+    def day_first_rows(self) -> list[int]:
+        """The first ``row`` of each file: file i is day i (`recjax.data.days`)."""
+        return [int(f["first_row"]) for f in self.manifest["files"]]
+
     def __getstate__(self) -> dict:  # open files stay behind; another process opens its own
         return {**self.__dict__, "_open_files": {}, "_last": (None,), "_lock": None}
 

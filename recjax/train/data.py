@@ -14,6 +14,7 @@ from recjax.config import Config
 from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
 from recjax.data.columnar import ParquetSource
+from recjax.data.days import TimeWindows, days_of, has_days
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import CachedSource, cached, holdout_split
 from recjax.data.seek import epoch_rows, position_batches, seekable
@@ -99,8 +100,9 @@ def block_batches(source, batch_size: int, rows: slice, *, start: int = 0,
 
 def train_shuffle_buffer(data: RunData, configured: int) -> int:
     """The shuffle buffer for training batches: synthetic examples are i.i.d. draws already,
-    so shuffling them would only cost time."""
-    return 0 if isinstance(data.train, SyntheticSource) else configured
+    so shuffling them would only cost time; a time-ordered view (`TimeWindows`) is shuffled
+    within its windows already."""
+    return 0 if isinstance(data.train, SyntheticSource | TimeWindows) else configured
 
 
 def _count(source: DataSource, keep: Keep) -> int:
@@ -165,6 +167,8 @@ def open_data(cfg: Config) -> RunData:
         keep_train, keep_eval = holdout_split(cfg.data.split_seed, cfg.data.holdout)
         desc = (f"seeded hold-out split of {cfg.data.train}: {cfg.data.holdout:.0%} of rows "
                 f"(split seed {cfg.data.split_seed})")
+    if cfg.data.order == "time" or cfg.data.eval_day >= 0:
+        train, keep_eval, desc = _in_time_order(cfg, train, keep_eval, desc)
     train_rows = train.num_rows if isinstance(train, SyntheticSource) else _count(train, keep_train)
     eval_rows = ev.num_rows if isinstance(ev, SyntheticSource) else _count(ev, keep_eval)
     if train_rows < cfg.train.batch_size:
@@ -173,3 +177,33 @@ def open_data(cfg: Config) -> RunData:
     if eval_rows == 0:
         raise ValueError(f"eval set {desc} is empty")
     return RunData(train, ev, keep_train, keep_eval, desc, train_rows, eval_rows)
+
+
+def _in_time_order(cfg: Config, train: DataSource, keep_eval: Keep, desc: str):
+    """``data.order=time`` and ``data.eval_day`` (`recjax.data.days`): the training source in
+    time order (a Parquet dataset's days, each shuffled within windows of
+    ``data.shuffle_buffer`` examples; synthetic data is in time order already), and the
+    hold-out rows of day ``eval_day`` as the eval set."""
+    if isinstance(train, SyntheticSource):
+        if cfg.data.eval_day >= 0:
+            raise ValueError("data.eval_day: synthetic data evaluates on its own eval stream; "
+                             "use --synthetic.eval_day")
+        return train, keep_eval, desc
+    if not has_days(train):
+        raise ValueError(f"{cfg.data.train}: data.order=time and data.eval_day need data with "
+                         "days: synthetic data with --synthetic.days, or a Parquet dataset "
+                         "converted from one input per day (scripts/convert.py)")
+    if cfg.data.eval_day >= 0:
+        if cfg.data.eval:
+            raise ValueError("data.eval_day evaluates on a day of the training data's hold-out "
+                             f"split; drop --eval-data {cfg.data.eval} or data.eval_day")
+        held, day = keep_eval, cfg.data.eval_day
+        keep_eval = lambda rows: held(rows) & (days_of(train, rows) == day)  # noqa: E731
+        desc = f"day {day} of the {desc}"
+    if cfg.data.order == "time" and cfg.data.shuffle_buffer:
+        if (isinstance(train, CachedSource) and not train.is_cached
+                and sum(train.chunk_sizes()) <= train.max_rows):
+            for _ in train.chunks():  # one pass fills the memory cache the windows read from
+                pass
+        train = TimeWindows(train, cfg.data.shuffle_buffer, cfg.train.seed)
+    return train, keep_eval, desc
