@@ -139,6 +139,8 @@ def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
                "multi_hot_len": cfg.data.multi_hot_len, "raw_ids": cfg.embed.store == "lru"}
     source = open_source(spec, **options)
+    if isinstance(source, ParquetSource):  # row groups decoded ahead, as synthetic chunks are
+        source.workers = data_workers(cfg)
     # arrays: in memory already; parquet: converted once already, read by row group
     if cfg.data.cache_dir and not isinstance(source, ArraySource | ParquetSource):
         source = DiskCachedSource(source, cfg.data.cache_dir, options)
