@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from recjax.batch import Batch, to_batch
+from recjax.batch import Batch, take, to_batch
 from recjax.config import Config
 from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
@@ -83,19 +83,30 @@ def block_batches(source, batch_size: int, rows: slice, *, start: int = 0,
     (`recjax.data.seek.position_batches`): this process's block of each global batch, the
     other rows zero (`sharding.arrays.put` hands each process's devices its block only).
 
+    A source read from disk (not held in memory) is read for ``ceil(shuffle_buffer /
+    batch_size)`` batches at once: with a shuffle, one batch's rows lie all over the buffer's
+    window, and reading batch by batch decoded every row group of the window per batch (75x
+    the rows delivered with a buffer of 32 row groups); read together, each row group is
+    decoded about twice (docs/data.md).
+
     Args:
       start: the first batch of the epoch; `order`: `batches`' seed, epoch, shuffle_buffer,
         keep (the global order, so the blocks of all processes make the global batches).
     """
-    for positions in itertools.islice(position_batches(source, batch_size, **order), start,
-                                      None):
-        block, _ = to_batch(source.take_rows(positions[rows]))
-        full = Batch(*(None if a is None else np.zeros((batch_size, *a.shape[1:]), a.dtype)
-                       for a in block))
-        for a, b in zip(full, block):
-            if a is not None:
-                a[rows] = b
-        yield full
+    buffer = order.get("shuffle_buffer", 0)
+    ahead = 1 if getattr(source, "random_access", False) or not buffer else -(-buffer // batch_size)
+    todo = itertools.islice(position_batches(source, batch_size, **order), start, None)
+    n = len(range(batch_size)[rows])
+    while group := list(itertools.islice(todo, ahead)):
+        got = source.take_rows(np.concatenate([p[rows] for p in group]))
+        for i in range(len(group)):
+            block, _ = to_batch(take(got, slice(i * n, (i + 1) * n)))
+            full = Batch(*(None if a is None else np.zeros((batch_size, *a.shape[1:]), a.dtype)
+                           for a in block))
+            for a, b in zip(full, block):
+                if a is not None:
+                    a[rows] = b
+            yield full
 
 
 def train_shuffle_buffer(data: RunData, configured: int) -> int:
