@@ -106,18 +106,15 @@ def label(run: pathlib.Path) -> str:
 
 
 def _day_marks(ax, runs: list[pathlib.Path], y: str) -> None:
-    """Per-day plots: the days each run trained with another algorithm than its first day's
-    shaded (one shade per run and algorithm), and each day's Bayes-optimal NE."""
-    shaded = set()
-    for i, run in enumerate(runs):
+    """Per-day plots: the days some run trained with another algorithm than its first day's
+    shaded, and each day's Bayes-optimal NE."""
+    switched = set()
+    for run in runs:
         days = _days(run)
-        first = days[0]["algorithm"] if days else None
-        for r in days:
-            if r["algorithm"] != first:
-                key = (i, r["algorithm"])
-                ax.axvspan(r["day"] + 0.5, r["day"] + 1.5, color=f"C{i % 10}", alpha=0.08,
-                           label=None if key in shaded else f"{label(run)}: {r['algorithm']} days")
-                shaded.add(key)
+        switched |= {r["day"] for r in days if r["algorithm"] != days[0]["algorithm"]}
+    for i, d in enumerate(sorted(switched)):
+        ax.axvspan(d + 0.5, d + 1.5, color="0.85", alpha=0.5, linewidth=0,
+                   label="trained with another algorithm" if i == 0 else None)
     if y == "eval_ne" and runs:
         days = [r for r in _days(runs[0]) if r.get("bayes_eval_ne") is not None]
         if days:
@@ -150,7 +147,7 @@ def main(argv=None) -> int:
     import matplotlib.ticker
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "recjax", "font.size": 10})
-    fig, ax = plt.subplots(figsize=(6.0, 3.8))
+    fig, ax = plt.subplots(figsize=(8.0 if a.x == "day" else 6.0, 3.8))
     units = set()
     for i, (run, name) in enumerate(zip(a.runs, labels)):
         xs, ys, unit = load(run, a.y, a.x)
@@ -173,7 +170,10 @@ def main(argv=None) -> int:
     ax.set_xlabel(" / ".join(sorted(units)))
     ax.set_ylabel(Y_LABELS.get(a.y, a.y.replace("_", " ")))
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(frameon=False)
+    if a.x == "day":  # beside the axes: the days' lines fill them
+        ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(frameon=False)
     if a.title:
         ax.set_title(a.title, fontsize=9)
     fig.tight_layout()
