@@ -1,7 +1,7 @@
 """Does the input pipeline keep the accelerator busy? DLRM at B = 65,536, fed vs pre-staged.
 
-    python scripts/bench_gpu.py --feed                  # on the GPU host: < 3 minutes
-    JAX_PLATFORMS=cpu python scripts/bench_gpu.py --feed --quick     # a small run on a CPU
+    python scripts/bench_feed.py                        # on the GPU host: < 3 minutes
+    JAX_PLATFORMS=cpu python scripts/bench_feed.py --quick     # a small run on a CPU
 
 Issue 36's GPU-feed target: the real pipeline's examples/sec >= 0.8 of the same train step on
 pre-staged device batches. One process, variants interleaved repeat by repeat
@@ -26,6 +26,7 @@ else ``--out``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import itertools
 import os
@@ -126,15 +127,31 @@ def feed(b: int, repeats: int, steps: int, rows: int, workers: int, buckets: int
     return out
 
 
-def main(args) -> int:
-    """``scripts/bench_gpu.py --feed``: `args` from its parser."""
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a size for a CPU")
+    p.add_argument("--batch-size", type=int, default=0, help="0: 65,536 (--quick: 4,096)")
+    p.add_argument("--rows", type=int, default=0,
+                   help="rows of the Parquet dataset; 0: 1,048,576 (--quick: 131,072)")
+    p.add_argument("--buckets", type=int, default=0,
+                   help="hash buckets per field; 0: 2^20 (--quick: 2^14)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="reader / generator threads; 0: half the cores, at most 8")
+    p.add_argument("--repeats", type=int, default=0, help="0: 7 (--quick: 3)")
+    p.add_argument("--steps", type=int, default=0, help="timed steps per repeat; 0: 20 "
+                   "(--quick: 16), well above the prefetch depth of 4")
+    p.add_argument("--workdir", default=os.path.join("bench_results", "feed_data"),
+                   help="where the generated dataset is kept")
+    p.add_argument("--out", default=os.path.join("bench_results", "bench_feed.json"),
+                   help="the JSON, when $OUT is not set")
+    args = p.parse_args(argv)
     quick = args.quick
-    b = args.feed_batch or (4096 if quick else 65536)
+    b = args.batch_size or (4096 if quick else 65536)
     rows = args.rows or (2 * 65536 if quick else 1 << 20)
     buckets = args.buckets or (1 << 14 if quick else 1 << 20)
     workers = args.workers or max(1, min(8, (os.cpu_count() or 2) // 2))
-    steps = args.steps or (16 if quick else 20)  # >> the prefetch depth (4)
-    repeats = 3 if quick and args.repeats == 7 else args.repeats
+    steps = args.steps or (16 if quick else 20)
+    repeats = args.repeats or (3 if quick else 7)
     hw = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
           "jax": jax.__version__, "load_before": os.getloadavg()}
@@ -150,7 +167,7 @@ def main(args) -> int:
               f"[{' '.join(f'{x / 1e3:.0f}K' for x in r['examples_per_sec'])}]", flush=True)
     print(f"  ({time.perf_counter() - t0:.0f} s; load after {hw['load_after']})")
     path = (os.path.join(os.environ["OUT"], "bench_feed.json") if os.environ.get("OUT")
-            else args.out.replace("bench_gpu.json", "bench_feed.json"))
+            else args.out)
     write_json_atomic(path, {"hardware": hw, "rows": got})
     print(f"wrote {path}")
     return 0

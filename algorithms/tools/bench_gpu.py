@@ -1,7 +1,7 @@
 """DLRM training throughput on one accelerator, at several batch sizes: `python scripts/bench_gpu.py`.
 
     python scripts/bench_gpu.py --batch-sizes 4096,16384,65536 --repeats 7
-    python scripts/bench_gpu.py --feed [--quick]    # input pipeline vs staged (bench_feed.py)
+    python scripts/bench_feed.py [--quick]    # the input pipeline vs staged (bench_feed.py)
 
 The headline section of scripts/bench.py (DLRM, Criteo-Kaggle shape: 26 tables x0.5, D=16,
 SGD, fp32, `--config dlrm_kaggle`) at the batch sizes given, on whatever device JAX uses by
@@ -196,26 +196,7 @@ def main(argv=None) -> int:
                    help="comma-separated substrings: keep only the variants whose name contains "
                         "one (the plain-JAX reference is always kept)")
     p.add_argument("--out", default="bench_results/bench_gpu.json")
-    feed = p.add_argument_group("--feed: the input pipeline against staged batches "
-                                "(algorithms/tools/bench_feed.py)")
-    feed.add_argument("--feed", action="store_true",
-                      help="DLRM at B=65,536 fed by the Parquet and synthetic pipelines vs the "
-                           "same step on pre-staged batches; JSON to $OUT/bench_feed.json")
-    feed.add_argument("--quick", action="store_true", help="--feed at a size for a CPU")
-    feed.add_argument("--feed-batch", type=int, default=0, help="0: 65,536 (--quick: 4,096)")
-    feed.add_argument("--rows", type=int, default=0,
-                      help="rows of the Parquet dataset; 0: 1,048,576 (--quick: 131,072)")
-    feed.add_argument("--buckets", type=int, default=0,
-                      help="hash buckets per field; 0: 2^20 (--quick: 2^14)")
-    feed.add_argument("--workers", type=int, default=0,
-                      help="reader / generator threads; 0: half the cores, at most 8")
-    feed.add_argument("--workdir", default=os.path.join("bench_results", "feed_data"),
-                      help="where the generated dataset is kept")
     args = p.parse_args(argv)
-    if args.feed:
-        from algorithms.tools import bench_feed
-
-        return bench_feed.main(args)
     hw = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
           "jax": jax.__version__}
