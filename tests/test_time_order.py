@@ -128,3 +128,28 @@ def test_order_time_needs_days(tmp_path):
     smoke, _ = cli.parse(["--config", "smoke", "--data.eval_day=1"], "t")
     with pytest.raises(ValueError, match="use --synthetic.eval_day"):
         open_data(smoke)
+
+
+def test_next_day_on_parquet_days(days_dir, tmp_path):
+    """A day-by-day run on a Parquet dataset of three day files: each day ends at the first
+    step by which its training rows (the rows outside the hold-out) are trained, and is
+    evaluated on the next day's hold-out rows; the last day on the whole hold-out."""
+    import json
+
+    from algorithms.train_main import main
+
+    out = tmp_path / "run"
+    assert main(["--config", "smoke", "--model", "lr", "--data", f"parquet:{days_dir}",
+                 "--data.hash_buckets=1024", "--batch-size", "64", "--no-progress",
+                 "--data.order=time", "--data.shuffle_buffer=100",
+                 "--data.eval_protocol=next_day", "--out", str(out)]) == 0
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    days = [r for r in recs if r["kind"] == "day"]
+    keep_train, keep_eval = holdout_split(0, 0.1)
+    rows = _file_rows(days_dir)
+    trained = np.cumsum([int(keep_train(r).sum()) for r in rows])
+    held = [int(keep_eval(r).sum()) for r in rows]
+    assert [r["step"] for r in days] == [min(-(-int(t) // 64), int(trained[-1]) // 64)
+                                         for t in trained]
+    assert [r["eval_day"] for r in days] == [1, 2, None]
+    assert [r["eval_examples"] for r in days] == [held[1], held[2], sum(held)]

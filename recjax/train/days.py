@@ -39,7 +39,8 @@ from recjax.train.contract import committed_steps
 from recjax.train.data import open_data
 
 RunFn = Callable[[Config], dict]
-RECORD_KEYS = ("eval_auc", "eval_ne", "eval_logloss", "bayes_eval_ne", "eval_ne_gap_to_bayes")
+RECORD_KEYS = ("eval_auc", "eval_ne", "eval_logloss", "eval_examples", "bayes_eval_ne",
+               "eval_ne_gap_to_bayes")
 
 
 def day_end_steps(cfg: Config) -> list[int]:
