@@ -29,12 +29,7 @@ def main(argv=None) -> int:
     import algorithms  # after parsing: --help stays instant
 
     try:
-        if cfg.data.eval_protocol == "next_day":  # one resumed segment per day
-            from recjax.train import days
-
-            summary = days.run_days(cfg, algorithms.run)
-        else:
-            summary = algorithms.run(cfg)
+        summary = algorithms.run(cfg)
     except (ValueError, OSError) as e:  # bad input/config/paths: a message, not a traceback
         if args.debug:
             raise
@@ -58,7 +53,7 @@ def main(argv=None) -> int:
                 print(f"{k:>{width}}  unavailable (see the warning above)")
                 continue
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
-    if summary.get("days"):
+    if summary.get("days"):  # --data.eval_protocol=next_day
         from recjax.train import days
 
         print(days.table_text(summary["days"]))
