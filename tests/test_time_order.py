@@ -18,7 +18,7 @@ from recjax.data.days import TimeWindows, day_starts, days_of
 from recjax.data.pipeline import batches, holdout_split
 from recjax.tools.bench_data import synthetic_sample
 from recjax.train.data import open_data, train_shuffle_buffer
-from tests.conftest import assert_same_arrays
+from tests.conftest import assert_same_arrays, data_path
 
 SIZES = (700, 1100, 500)  # examples of days 0, 1, 2
 
@@ -153,3 +153,51 @@ def test_next_day_on_parquet_days(days_dir, tmp_path):
                                          for t in trained]
     assert [r["eval_day"] for r in days] == [1, 2, None]
     assert [r["eval_examples"] for r in days] == [held[1], held[2], sum(held)]
+
+
+def _avazu_days(tmp_path, n=3000):
+    """The Avazu sample's first n rows, their hour rewritten in time order: three days
+    (2014-10-21, 22, 23), each a day of 24 hours; returns the path and each row's day, hour."""
+    src = data_path("avazu_9k", "train.csv").read_text().splitlines()
+    head, rows = src[0], src[1:n + 1]
+    day = np.arange(n) * 3 // n
+    hour = (np.arange(n) % (n // 3)) * 24 // (n // 3)
+    out = [head]
+    for r, d, h in zip(rows, day, hour):
+        cols = r.split(",")
+        cols[2] = f"1410{21 + d:02d}{h:02d}"
+        out.append(",".join(cols))
+    p = tmp_path / "avazu_days.csv"
+    p.write_text("\n".join(out) + "\n")
+    return p, day, hour
+
+
+def test_split_on_a_field_makes_day_and_hour_files(tmp_path):
+    path, day, hour = _avazu_days(tmp_path)
+    whole = convert([f"avazu:{path}"], str(tmp_path / "whole"), rows_per_group=256)
+    by_day = convert([f"avazu:{path}"], str(tmp_path / "days"), rows_per_group=256,
+                     split_on="weekday")
+    by_hour = convert([f"avazu:{path}"], str(tmp_path / "hours"), rows_per_group=256,
+                      split_on="hour_of_day")
+    assert len(whole["files"]) == 1 and len(by_day["files"]) == 3
+    assert len(by_hour["files"]) == 72
+    src = ParquetSource(str(tmp_path / "days"))
+    for i in range(3):  # file i holds exactly day i's rows (the data rows are lines 1..n)
+        rows = pq.read_table(str(tmp_path / "days" / f"part-{i:05d}.parquet"),
+                             columns=["row"])["row"].to_numpy()
+        np.testing.assert_array_equal(rows, np.flatnonzero(day == i))
+        assert np.all(days_of(src, rows) == i)
+    hsrc = ParquetSource(str(tmp_path / "hours"))
+    all_rows = np.concatenate([c.row for c in hsrc.chunks()])
+    np.testing.assert_array_equal(days_of(hsrc, all_rows), day * 24 + hour)
+    # the same examples and the same stream as one file: only the files differ
+    one = _all(ParquetSource(str(tmp_path / "whole"), chunk_rows=500).chunks())
+    for other in ("days", "hours"):
+        got = _all(ParquetSource(str(tmp_path / other), chunk_rows=500).chunks())
+        assert len(got) == len(one)
+        for a, b in zip(got, one):
+            assert_same_arrays(a, b)
+    assert by_day["files"][-1]["read_stats"]["rows"] == 3000
+    assert by_day["files"][0]["read_stats"] is None and by_day["files"][0]["first_row"] == 0
+    with pytest.raises(ValueError, match="--split-on C1: not a field of exact ids.*weekday"):
+        convert([f"avazu:{path}"], str(tmp_path / "bad"), split_on="C1")
