@@ -62,8 +62,9 @@ class DataConfig:
       cache_dir: parse each data file once into .npy files here and memory-map them in later
         epochs and later runs (keyed by file size/mtime and reader options); empty = off.
       prefetch: batches prepared ahead by the background thread (0 = no thread).
-      workers: threads generating synthetic chunks ahead (the stream does not depend on it);
-        0 = auto: half the host's cores, at most 8 (1 on the 2-core dev machines).
+      workers: threads generating synthetic chunks, or decoding a Parquet dataset's row groups,
+        ahead (the stream does not depend on it); 0 = auto: half the host's cores, at most 8
+        (1 on the 2-core dev machines).
       order: ``shuffle``: the shuffle buffer runs over the whole stream; ``time``: the data's
         time order, day after day (synthetic days, or a Parquet dataset's files, one per day),
         each day's examples shuffled only among themselves, in windows of
