@@ -1,8 +1,8 @@
 """Days of a dataset, and its examples in time order (``--data.order=time``).
 
 Continual training reads the logs in the order they were written, day after day, and scores
-each day's model on the next day (GBA Sec. 5.2 and App. C on Criteo-1TB; MLPerf DLRM scores a
-later window). Two kinds of data know their days here:
+each day's model on the next day (GBA, Su et al. 2022, Sec. 5.1-5.2, Fig. 6; MLPerf DLRM
+scores a later window). Two kinds of data know their days here:
 
 * **synthetic** with ``synthetic.days`` (`recjax.data.synthetic`): example ``r`` of ``n`` is of
   day ``r * days // n``; its examples are i.i.d. draws, so time order is the stream itself;

@@ -1,8 +1,8 @@
 """``--data.eval_protocol=next_day``: train day t, evaluate on day t + 1, day after day.
 
-GBA's continual-training protocol (Su et al. 2022, Sec. 5.2 and App. C: Criteo-1TB and Alimama
-trained day by day, each day's model scored on the next day, the algorithm switched at day
-boundaries), and MLPerf DLRM's "score a later window". A run of this protocol is a chain of
+GBA's continual-training protocol (Su et al. 2022, Sec. 5.1 Table 5.1 and Sec. 5.2 Fig. 6:
+Criteo's 23 days and Alimama's trained day by day after base days, scored on the test days, the
+training mode switched at a day boundary), and MLPerf DLRM's "score a later window". A run of this protocol is a chain of
 ordinary ``--resume`` segments in one ``--out``, one per day: segment t trains to the step at
 which day t's last example has been trained and evaluates on day t + 1 (synthetic data: fresh
 examples of that day's teacher, ``synthetic.eval_day``; a Parquet dataset of one file per day:
