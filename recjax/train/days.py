@@ -2,9 +2,10 @@
 
 GBA's continual-training protocol (Su et al. 2022, Sec. 5.1 Table 5.1 and Sec. 5.2 Fig. 6:
 Criteo's 23 days and Alimama's trained day by day after base days, scored on the test days, the
-training mode switched at a day boundary), and MLPerf DLRM's "score a later window". A run of this protocol is a chain of
-ordinary ``--resume`` segments in one ``--out``, one per day: segment t trains to the step at
-which day t's last example has been trained and evaluates on day t + 1 (synthetic data: fresh
+training mode switched at a day boundary), and MLPerf DLRM's "score a later window". A run of
+this protocol is a chain of ordinary ``--resume`` segments in one ``--out``, one per day:
+segment t trains to the step at which day t's last example has been trained and evaluates on
+day t + 1 (synthetic data: fresh
 examples of that day's teacher, ``synthetic.eval_day``; a Parquet dataset of one file per day:
 the hold-out rows of that day, ``data.eval_day``). The last day evaluates on the day after it
 (synthetic) or on the whole eval set (files). Every algorithm runs it unchanged (each segment is
