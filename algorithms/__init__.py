@@ -28,7 +28,12 @@ RUNNERS: dict[str, Callable[[Config], dict]] = {  # every --algo; each imports i
 
 
 def run(cfg: Config) -> dict:
-    """Run `cfg.train.algo` after refusing what it cannot honour (`registry.check`)."""
+    """Run `cfg.train.algo` after refusing what it cannot honour (`registry.check`); with
+    ``data.eval_protocol=next_day``, one resumed run per day (`recjax.train.days`)."""
+    if cfg.data.eval_protocol == "next_day":  # each day's run has protocol "final"
+        from recjax.train import days
+
+        return days.run_days(cfg, run)
     if cfg.train.algo == "single" and cfg.train.devices > 1:
         raise ValueError(f"--algo single trains on one device; for --devices {cfg.train.devices} "
                          f"use --algo {' or '.join(registry.names(kind=registry.SPMD))}")

@@ -53,6 +53,10 @@ def main(argv=None) -> int:
                 print(f"{k:>{width}}  unavailable (see the warning above)")
                 continue
             print(f"{k:>{width}}  {v:.4f}" if isinstance(v, float) else f"{k:>{width}}  {v}")
+    if summary.get("days"):  # --data.eval_protocol=next_day
+        from recjax.train import days
+
+        print(days.table_text(summary["days"]))
     if cfg.train.out:
         print(f"{'out':>{width}}  {os.path.abspath(cfg.train.out)}")
     return 0

@@ -62,8 +62,19 @@ class DataConfig:
       cache_dir: parse each data file once into .npy files here and memory-map them in later
         epochs and later runs (keyed by file size/mtime and reader options); empty = off.
       prefetch: batches prepared ahead by the background thread (0 = no thread).
-      workers: threads generating synthetic chunks ahead (the stream does not depend on it);
-        0 = auto: half the host's cores, at most 8 (1 on the 2-core dev machines).
+      workers: threads generating synthetic chunks, or decoding a Parquet dataset's row groups,
+        ahead (the stream does not depend on it); 0 = auto: half the host's cores, at most 8
+        (1 on the 2-core dev machines).
+      order: ``shuffle``: the shuffle buffer runs over the whole stream; ``time``: the data's
+        time order, day after day (synthetic days, or a Parquet dataset's files, one per day),
+        each day's examples shuffled only among themselves, in windows of
+        ``shuffle_buffer`` examples (docs/data.md, "Days in time order").
+      eval_protocol: ``final``: evaluate on the eval set (and every ``train.eval_every``);
+        ``next_day``: train one day at a time and evaluate after each on the next day, one
+        ``kind: day`` record per day in metrics.jsonl and a per-day table in summary.json
+        (``days``; `recjax.train.days`).
+      eval_day: the day a day-ordered dataset evaluates on (-1: its eval set as usual); set by
+        ``eval_protocol=next_day``. For synthetic data, ``synthetic.eval_day``.
     """
 
     train: str = "synthetic"
@@ -78,9 +89,15 @@ class DataConfig:
     cache_dir: str = field(default="", metadata=RESUMABLE)
     prefetch: int = field(default=4, metadata=RESUMABLE)
     workers: int = field(default=0, metadata=RESUMABLE)
+    order: Literal["shuffle", "time"] = "shuffle"
+    eval_protocol: Literal["final", "next_day"] = field(default="final", metadata=RESUMABLE)
+    eval_day: int = field(default=-1, metadata=RESUMABLE)
 
     def __post_init__(self):
         check_choices(self, "data")
+        if self.eval_day < -1:
+            raise ValueError(f"data.eval_day must be a day (>= 0) or -1 (the eval set), got "
+                             f"{self.eval_day}")
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"data.holdout must be in (0, 1), got {self.holdout}")
         if self.hash_buckets < 1:

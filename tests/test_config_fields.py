@@ -22,7 +22,9 @@ RESUMABLE_BEFORE = {
     "data.prefetch", "data.workers", "data.cache_dir", "data.cache_rows", "train.compile_cache",
     "train.early_stop_patience", "train.keep_best", "train.memory_check",
     "train.unverified_resume", "train.algo", "train.devices", "train.deterministic",
-    "synthetic.eval_day"}  # which day fresh eval examples are of: next-day eval (issue 36)
+    "synthetic.eval_day",  # which day fresh eval examples are of: next-day eval (issue 36)
+    # a day-by-day chain resumes each day with the next day's eval set (recjax/train/days.py)
+    "data.eval_protocol", "data.eval_day"}
 
 
 def test_resumable_changes_are_the_marked_fields_and_the_same_set_as_before():

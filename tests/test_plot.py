@@ -54,3 +54,25 @@ def test_x_values(tmp_path):
     assert unit == "virtual seconds"
     with pytest.raises(SystemExit, match="no record has 'eval_gap'.*eval_ne"):
         plot.load(wall, "eval_gap", "step")
+
+
+def test_days(tmp_path):
+    """--x day: the kind: day records (the latest per day), at the day evaluated; switched days
+    shaded; the day's Bayes NE with --y eval_ne."""
+    d = _run(tmp_path / "days", "single", [0.9], False)
+    days = [(0, "single", 0.70), (1, "gba", 0.71), (1, "gba", 0.72), (2, "single", 0.73)]
+    with open(d / "metrics.jsonl", "a") as f:
+        for day, algo, auc in days:
+            f.write(json.dumps({"kind": "day", "day": day, "eval_day": day + 1, "step": 4 * day,
+                                "algorithm": algo, "eval_auc": auc, "eval_ne": 1 - auc,
+                                "bayes_eval_ne": 0.5 + day / 100}) + "\n")
+    xs, ys, unit = plot.load(d, "eval_auc", "day")
+    np.testing.assert_array_equal(xs, [1, 2, 3])
+    np.testing.assert_array_equal(ys, [0.70, 0.72, 0.73])
+    assert unit.startswith("day evaluated")
+    out = tmp_path / "days.svg"
+    assert plot.main([str(d), "--x", "day", "--y", "eval_ne", "--out", str(out)]) == 0
+    svg = out.read_text()
+    assert "trained with another algorithm" in svg and "Bayes-optimal NE of the day" in svg
+    with pytest.raises(SystemExit, match="no kind: day record"):
+        plot.load(_run(tmp_path / "none", "single", [0.9], False), "eval_auc", "day")

@@ -1,6 +1,7 @@
 """DLRM training throughput on one accelerator, at several batch sizes: `python scripts/bench_gpu.py`.
 
     python scripts/bench_gpu.py --batch-sizes 4096,16384,65536 --repeats 7
+    python scripts/bench_feed.py [--quick]    # the input pipeline vs staged (bench_feed.py)
 
 The headline section of scripts/bench.py (DLRM, Criteo-Kaggle shape: 26 tables x0.5, D=16,
 SGD, fp32, `--config dlrm_kaggle`) at the batch sizes given, on whatever device JAX uses by

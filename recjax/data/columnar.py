@@ -52,6 +52,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from recjax.batch import Chunk, concat_chunks, take
+from recjax.concurrency import ordered_map
 from recjax.data.base import DataError, ReadStats
 from recjax.data.hashing import TAG_HASHED, add_field, hash_keys, unpack_raw
 from recjax.features import RAW_VOCAB, FeatureSpec, FieldSpec
@@ -177,7 +178,7 @@ class ParquetSource:
 
     def __init__(self, path: str | os.PathLike, *, hash_buckets: int = 1 << 17,
                  raw_ids: bool = False, multi_hot_len: int = 20, name: str | None = None,
-                 chunk_rows: int = 65536):
+                 chunk_rows: int = 65536, workers: int = 1):
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
         self.path = str(path)
@@ -204,6 +205,11 @@ class ParquetSource:
         # host-async workers share this source), pyarrow raised "ReadRangeCache did not find
         # matching cache entry"
         self._lock = threading.Lock()
+        # a pass decodes row groups ahead on this many threads, each with its own open files
+        # (`concurrency.ordered_map`: the same chunks in the same order for any number)
+        self.workers = workers
+        self._local = threading.local()
+        self._count_lock = threading.Lock()
         for i in range(len(self.files)):
             self._file(i)  # every footer checked before the first step
         self.stats = ReadStats()
@@ -216,11 +222,17 @@ class ParquetSource:
     def num_rows(self) -> int:
         return int(self.manifest["rows"])
 
+    def day_first_rows(self) -> list[int]:
+        """The first ``row`` of each file: file i is day i (`recjax.data.days`)."""
+        return [int(f["first_row"]) for f in self.manifest["files"]]
+
     def __getstate__(self) -> dict:  # open files stay behind; another process opens its own
-        return {**self.__dict__, "_open_files": {}, "_last": (None,), "_lock": None}
+        return {**self.__dict__, "_open_files": {}, "_last": (None,), "_lock": None,
+                "_local": None, "_count_lock": None}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.update(state, _lock=threading.Lock(), _local=threading.local(),
+                             _count_lock=threading.Lock())
 
     def _check_multi_hot_len(self, multi_hot_len: int) -> int:
         multi = [f.name for f in self.layout.fields if f.multi_hot]
@@ -280,11 +292,13 @@ class ParquetSource:
         self._open_files[i] = pf
         return pf
 
-    def read_group(self, group: RowGroup) -> Chunk:
-        """The examples of one row group as the text reader's chunk of the same rows."""
-        table = self._read(group)
+    def read_group(self, group: RowGroup, own: bool = False) -> Chunk:
+        """The examples of one row group as the text reader's chunk of the same rows (`own`:
+        through this thread's own open file, for the threads of a pass)."""
+        table = self._read_own(group) if own else self._read(group)
         n = group.rows
-        self.rows_read += n
+        with self._count_lock:
+            self.rows_read += n
         col = {name: table.column(name) for name in self._columns}
         label = _numpy(col["label"])
         row = _numpy(col["row"])
@@ -304,7 +318,8 @@ class ParquetSource:
                 self._ids(f, _numpy(column), ids[:, k, 0])
                 continue
             values, lengths = _lists(column)
-            self.stats.truncated[f.name] += int(np.count_nonzero(lengths > self.max_len))
+            with self._count_lock:
+                self.stats.truncated[f.name] += int(np.count_nonzero(lengths > self.max_len))
             pos = np.arange(values.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             keep = pos < self.max_len
             rows = np.repeat(np.arange(n), lengths)[keep]
@@ -324,7 +339,24 @@ class ParquetSource:
             add_field(values, f.salt, out=out)
             n = int(np.count_nonzero(unpack_raw(values)[1] == TAG_HASHED))
             if n:
-                self.raw_hashed[f.name] += n
+                with self._count_lock:
+                    self.raw_hashed[f.name] += n
+
+    def _read_own(self, group: RowGroup):
+        """`_read` through this thread's own ParquetFile (opened as `_file` opens it, its
+        footer checked there already); a failure is named by `_read`."""
+        import pyarrow.parquet as pq
+
+        self._file(group.file)  # checked once, under the pass's first read
+        files = self._local.__dict__.setdefault("files", {})
+        try:
+            if group.file not in files:
+                files[group.file] = pq.ParquetFile(self.files[group.file], memory_map=True,
+                                                   page_checksum_verification=True)
+            return files[group.file].read_row_group(group.index, columns=self._columns,
+                                                    use_threads=False)
+        except Exception:
+            return self._read(group)  # names the damaged columns, or reads
 
     def _read(self, group: RowGroup, columns: list[str] | None = None):
         with self._lock:
@@ -355,8 +387,10 @@ class ParquetSource:
         self.raw_hashed = collections.Counter()
         first = int(np.searchsorted(self._group_start, start, side="right")) - 1
         parts, n = [], start % self.chunk_rows
-        for g in range(max(first, 0), len(self.groups)):
-            chunk = self.read_group(self.groups[g])
+        todo = range(max(first, 0), len(self.groups))
+        read = ((lambda g: self.read_group(self.groups[g], own=True)) if self.workers > 1
+                else (lambda g: self.read_group(self.groups[g])))
+        for g, chunk in zip(todo, ordered_map(read, todo, self.workers)):
             begin = max(start - int(self._group_start[g]), 0)
             while begin < chunk.size:  # fill the pending chunk, emit it when full
                 m = min(self.chunk_rows - n, chunk.size - begin)

@@ -8,7 +8,11 @@ Each input is read by its text reader, with its checks: a bad line stops the con
 its conversion mode (`recjax.data.hashing.TokenCapture`): every token that would become an id is
 kept as its crc32 and raw id instead, so hashing (any ``hash_buckets``) and raw ids stay the
 run's choice. Each input becomes one file, ``part-NNNNN.parquet`` in the order given, its rows
-continuing the previous input's (`row` counts data lines across the inputs).
+continuing the previous input's (`row` counts data lines across the inputs). With ``split_on``
+(``--split-on FIELD``, a field of exact ids) an input is cut into a new file wherever that
+field's value changes: an Avazu log, in time order, becomes one file per day with
+``--split-on weekday`` or per hour with ``--split-on hour_of_day``, and a file is a day of
+``--data.order=time`` (`recjax.data.days`).
 
 The output is written into a temporary folder beside ``--out`` and renamed into place when
 every input is converted, so an interrupted conversion leaves no half dataset behind.
@@ -16,12 +20,13 @@ every input is converted, so an interrupted conversion leaves no half dataset be
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -39,7 +44,8 @@ _CHUNK_BYTES = 1 << 28  # bound on a reader chunk's ids + mask while converting
 
 def convert(specs: list[str], out: str, *, rows_per_group: int = ROWS_PER_GROUP,
             skip_bad_lines: bool = False, multi_hot_len: int = MULTI_HOT_LEN,
-            compression: str = "snappy", log: Callable[[str], None] | None = None) -> dict:
+            compression: str = "snappy", split_on: str = "",
+            log: Callable[[str], None] | None = None) -> dict:
     """Convert text inputs of one kind into a Parquet dataset at `out`.
 
     Args:
@@ -50,6 +56,8 @@ def convert(specs: list[str], out: str, *, rows_per_group: int = ROWS_PER_GROUP,
       multi_hot_len: ids a run may use per example of a multi-hot field (one more is kept, to
         mark the examples that had more: recjax/data/columnar.py).
       compression: Parquet codec of the pages.
+      split_on: a field of exact ids (e.g. Avazu's ``weekday``): a new file wherever its value
+        changes within an input (empty: one file per input).
       log: called with a line per converted input.
 
     Returns:
@@ -74,30 +82,34 @@ def convert(specs: list[str], out: str, *, rows_per_group: int = ROWS_PER_GROUP,
     tmp = tempfile.mkdtemp(dir=os.path.dirname(out), prefix=f".{os.path.basename(out)}.partial-")
     try:
         files, layout, first_row, truncated = [], None, 0, {}
-        for i, spec in enumerate(specs):
+        paths = (os.path.join(tmp, part_name(i)) for i in itertools.count())
+        for spec in specs:
             t0 = time.perf_counter()
-            rec, this = _convert_one(spec, os.path.join(tmp, part_name(i)), first_row,
-                                     rows_per_group, skip_bad_lines, multi_hot_len, compression,
-                                     log)
+            recs, this, lines = _convert_one(spec, paths, first_row, rows_per_group,
+                                             skip_bad_lines, multi_hot_len, compression,
+                                             split_on, log)
             if layout is None:
                 layout = this
             elif this != layout:
                 raise DataError(spec, None, None, f"has another schema than {specs[0]} "
                                 "(kind, fields or vocabularies differ)",
                                 "Convert inputs of one kind and layout together")
-            for k, v in rec["read_stats"]["truncated_by_field"].items():
+            s = recs[-1]["read_stats"]  # the input's reader counters, on its last file
+            for k, v in s["truncated_by_field"].items():
                 truncated[k] = truncated.get(k, 0) + v
-            first_row += rec["lines"]
-            files.append(rec)
+            first_row += lines
+            files += recs
             if log:
-                s = rec["read_stats"]
-                log(f"{spec}: {rec['rows']:,} rows in {len(rec['row_groups'])} row groups, "
-                    f"{rec['bytes'] / 2**20:,.1f} MiB, {s['skipped_lines']} lines skipped, "
-                    f"{time.perf_counter() - t0:.1f} s")
+                log(f"{spec}: {sum(r['rows'] for r in recs):,} rows in "
+                    f"{sum(len(r['row_groups']) for r in recs)} row groups"
+                    + (f" and {len(recs)} files" if len(recs) > 1 else "")
+                    + f", {sum(r['bytes'] for r in recs) / 2**20:,.1f} MiB, "
+                    f"{s['skipped_lines']} lines skipped, {time.perf_counter() - t0:.1f} s")
         manifest = {"format": FORMAT, "version": VERSION, "layout": layout.to_json(),
                     "rows": sum(f["rows"] for f in files), "truncated": truncated,
                     "conversion": {"rows_per_group": rows_per_group,
-                                   "skip_bad_lines": skip_bad_lines, "compression": compression},
+                                   "skip_bad_lines": skip_bad_lines, "compression": compression,
+                                   "split_on": split_on},
                     "files": files}
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
@@ -113,12 +125,12 @@ def convert(specs: list[str], out: str, *, rows_per_group: int = ROWS_PER_GROUP,
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _convert_one(spec: str, path: str, first_row: int, rows_per_group: int,
-                 skip_bad_lines: bool, multi_hot_len: int, compression: str,
-                 log: Callable[[str], None] | None) -> tuple[dict, Layout]:
-    """Write one input to `path`; its manifest record and its layout."""
+def _convert_one(spec: str, paths: Iterator[str], first_row: int, rows_per_group: int,
+                 skip_bad_lines: bool, multi_hot_len: int, compression: str, split_on: str,
+                 log: Callable[[str], None] | None) -> tuple[list[dict], Layout, int]:
+    """Write one input to the next of `paths` (a new one wherever `split_on` changes); the
+    manifest records of its files, its layout, and its data lines (bad ones included)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     # One id more than a run may use: a list of multi_hot_len + 1 ids marks an example that
     # had more, so a run counts truncated examples exactly, as the text reader does.
@@ -133,44 +145,111 @@ def _convert_one(spec: str, path: str, first_row: int, rows_per_group: int,
                          skip_bad_lines=skip_bad_lines)
     capture = TokenCapture() if isinstance(source, CategoricalIds) else None
     source.capture = capture
-    writer, pending, n_pending, groups, layout, cut = None, [], 0, [], None, {}
+    out = _Files(spec, paths, rows_per_group, compression, first_row, log)
+    layout, cut, split = None, {}, None
     try:
         for chunk in source.chunks():
             crc, raw = capture.take() if capture else (None, None)
             if layout is None:
                 layout = _layout(source, capture, multi_hot_len)
-                schema = _arrow_schema(layout, pa).with_metadata(
+                out.schema = _arrow_schema(layout, pa).with_metadata(
                     {FORMAT: json.dumps({"layout": layout.to_json()})})
-                writer = pq.ParquetWriter(path, schema, compression=compression,
-                                          write_page_checksum=True)
-            pending.append(_table(chunk, crc, raw, layout, first_row, schema, cut, pa))
-            n_pending += chunk.size
-            while n_pending >= rows_per_group:
-                table = pa.concat_tables(pending)
-                writer.write_table(table.slice(0, rows_per_group), row_group_size=rows_per_group)
-                groups.append(rows_per_group)
-                if log and len(groups) % 32 == 0:
-                    log(f"  {spec}: {sum(groups):,} rows written")
-                rest = table.slice(rows_per_group)
-                pending, n_pending = ([rest] if rest.num_rows else []), rest.num_rows
+                split = _split_field(layout, split_on, spec)
+            table = _table(chunk, crc, raw, layout, first_row, out.schema, cut, pa)
+            if split is None:
+                out.add(table)
+                continue
+            value = chunk.ids[:, split, 0]
+            cuts = [0, *(np.flatnonzero(value[1:] != value[:-1]) + 1), value.size]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                out.add(table.slice(a, b - a), key=int(value[a]))
         err = all_skipped_error(source.path, source.stats)
         if err is not None:
             raise err
-        if writer is None:  # no rows at all: the readers raise before that; keep it explicit
+        if out.writer is None and not out.recs:  # no rows at all: the readers raise before
             raise DataError(source.path, None, None, "no examples", "Check the file")
-        if n_pending:
-            writer.write_table(pa.concat_tables(pending), row_group_size=rows_per_group)
-            groups.append(n_pending)
     finally:
-        if writer is not None:
-            writer.close()
+        out.close()
     stats = source.stats.as_dict()
     stats["truncated_by_field"] = cut  # the reader counted examples longer than keep
-    rec = {"name": os.path.basename(path), "input": spec, "bytes": os.path.getsize(path),
-           "rows": sum(groups), "first_row": first_row,
-           "lines": source.stats.rows + sum(source.stats.skipped.values()),
-           "row_groups": groups, "read_stats": stats}
-    return rec, layout
+    lines = source.stats.rows + sum(source.stats.skipped.values())
+    for r in out.recs:  # the input's data lines and counters, on its last file
+        last = r is out.recs[-1]
+        r.update(lines=lines if last else None, read_stats=stats if last else None)
+    return out.recs, layout, lines
+
+
+class _Files:
+    """The Parquet files of one input: row groups of `rows_per_group` rows, a new file when
+    `add` is given another `key` than the rows before (`split_on`)."""
+
+    def __init__(self, spec: str, paths: Iterator[str], rows_per_group: int, compression: str,
+                 first_row: int, log: Callable[[str], None] | None):
+        self.spec, self.paths, self.rows_per_group = spec, paths, rows_per_group
+        self.compression, self.log = compression, log
+        self.schema, self.writer, self.path, self.key = None, None, None, None
+        self.pending, self.n_pending, self.groups = [], 0, []
+        self.first = first_row  # the input's first row; a split file's first example's row
+        self.recs: list[dict] = []
+
+    def add(self, table, key: int | None = None) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not table.num_rows:
+            return
+        if self.writer is not None and key != self.key:
+            self.close()
+        if self.writer is None:
+            if self.recs:
+                self.first = int(table.column("row")[0].as_py())
+            self.path, self.key = next(self.paths), key
+            self.writer = pq.ParquetWriter(self.path, self.schema, compression=self.compression,
+                                           write_page_checksum=True)
+        self.pending.append(table)
+        self.n_pending += table.num_rows
+        g = self.rows_per_group
+        while self.n_pending >= g:
+            joined = pa.concat_tables(self.pending)
+            self.writer.write_table(joined.slice(0, g), row_group_size=g)
+            self.groups.append(g)
+            if self.log and len(self.groups) % 32 == 0:
+                self.log(f"  {self.spec}: {sum(self.groups):,} rows written")
+            rest = joined.slice(g)
+            self.pending, self.n_pending = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def close(self) -> None:
+        """Write what is pending and close the file (its record goes to `recs`)."""
+        import pyarrow as pa
+
+        if self.writer is None:
+            return
+        try:
+            if self.n_pending:
+                self.writer.write_table(pa.concat_tables(self.pending),
+                                        row_group_size=self.rows_per_group)
+                self.groups.append(self.n_pending)
+        finally:
+            self.writer.close()
+        rec = {"name": os.path.basename(self.path), "input": self.spec,
+               "bytes": os.path.getsize(self.path), "rows": sum(self.groups),
+               "first_row": self.first, "row_groups": self.groups}
+        if self.key is not None:
+            rec["split_value"] = self.key
+        self.recs.append(rec)
+        self.writer, self.pending, self.n_pending, self.groups = None, [], 0, []
+
+
+def _split_field(layout: Layout, name: str, spec: str) -> int | None:
+    """The index of the field `split_on` names (None: no split); it must hold exact ids."""
+    if not name:
+        return None
+    exact = [f.name for f in layout.fields if f.form == "exact" and not f.multi_hot]
+    if name not in exact:
+        raise ValueError(f"{spec}: --split-on {name}: not a field of exact ids of this kind; "
+                         f"these are: {', '.join(exact) or 'none'} (e.g. avazu: weekday for "
+                         "one file per day, hour_of_day for one per hour)")
+    return [f.name for f in layout.fields].index(name)
 
 
 def _layout(source, capture: TokenCapture | None, multi_hot_len: int) -> Layout:

@@ -57,8 +57,11 @@ def generate(path: str, rows: int, seed: int = 0) -> None:
     Every token keeps its 8 hex digits, so lines keep their bytes' positions and the file is
     written by overwriting slots of the repeated sample, block by block."""
     src = os.path.join(os.environ.get("RECJAX_DATA") or DEFAULT_DATA, SAMPLE)
-    with open(src, "rb") as f:
-        base = f.read()
+    if os.path.exists(src):
+        with open(src, "rb") as f:
+            base = f.read()
+    else:  # a host without the shared samples (the lent GPU machine)
+        base = synthetic_sample(8192, seed)
     lines = base.split(b"\n")[:-1]
     offsets, fields, values = [], [], []
     pos = 0
@@ -97,6 +100,26 @@ def generate(path: str, rows: int, seed: int = 0) -> None:
                           + sum(len(ln) + 1 for ln in lines[: rows - (c1 - 1) * per])]
             out.write(buf.tobytes())
     os.replace(path + ".partial", path)
+
+
+def synthetic_sample(lines: int, seed: int = 0) -> bytes:
+    """Criteo-shaped TSV lines made up, for `generate` where the 8k sample is absent: label
+    Bernoulli(0.25); I1..I13 empty 20% of the time, else ``floor(lognormal(1, 1.5))``;
+    C1..C26 empty 10% of the time, else one of 64 fixed 8-hex-digit tokens per field."""
+    rng = np.random.default_rng([seed, 5])
+    pool = rng.integers(0, 1 << 32, (26, 64), dtype=np.uint64)
+    label = (rng.random(lines) < 0.25).astype(int)
+    ints = np.floor(rng.lognormal(1.0, 1.5, (lines, 13))).astype(np.int64)
+    int_empty = rng.random((lines, 13)) < 0.2
+    tok = pool[np.arange(26), rng.zipf(1.3, (lines, 26)) % 64]
+    tok_empty = rng.random((lines, 26)) < 0.1
+    out = []
+    for i in range(lines):
+        cols = [str(label[i])]
+        cols += ["" if int_empty[i, j] else str(ints[i, j]) for j in range(13)]
+        cols += ["" if tok_empty[i, j] else f"{int(tok[i, j]):08x}" for j in range(26)]
+        out.append("\t".join(cols))
+    return ("\n".join(out) + "\n").encode()
 
 
 def _timed(fn) -> tuple[float, float]:

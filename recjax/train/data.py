@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from recjax.batch import Batch, to_batch
+from recjax.batch import Batch, take, to_batch
 from recjax.config import Config
 from recjax.data.arrays import ArraySource
 from recjax.data.base import DataSource
 from recjax.data.columnar import ParquetSource
+from recjax.data.days import TimeWindows, days_of, has_days
 from recjax.data.diskcache import DiskCachedSource
 from recjax.data.pipeline import CachedSource, cached, holdout_split
 from recjax.data.seek import epoch_rows, position_batches, seekable
@@ -82,25 +83,37 @@ def block_batches(source, batch_size: int, rows: slice, *, start: int = 0,
     (`recjax.data.seek.position_batches`): this process's block of each global batch, the
     other rows zero (`sharding.arrays.put` hands each process's devices its block only).
 
+    A source read from disk (not held in memory) is read for ``ceil(shuffle_buffer /
+    batch_size)`` batches at once: with a shuffle, one batch's rows lie all over the buffer's
+    window, and reading batch by batch decoded every row group of the window per batch (75x
+    the rows delivered with a buffer of 32 row groups); read together, each row group is
+    decoded about twice (docs/data.md).
+
     Args:
       start: the first batch of the epoch; `order`: `batches`' seed, epoch, shuffle_buffer,
         keep (the global order, so the blocks of all processes make the global batches).
     """
-    for positions in itertools.islice(position_batches(source, batch_size, **order), start,
-                                      None):
-        block, _ = to_batch(source.take_rows(positions[rows]))
-        full = Batch(*(None if a is None else np.zeros((batch_size, *a.shape[1:]), a.dtype)
-                       for a in block))
-        for a, b in zip(full, block):
-            if a is not None:
-                a[rows] = b
-        yield full
+    buffer = order.get("shuffle_buffer", 0)
+    ahead = 1 if getattr(source, "random_access", False) or not buffer else -(-buffer // batch_size)
+    todo = itertools.islice(position_batches(source, batch_size, **order), start, None)
+    n = len(range(batch_size)[rows])
+    while group := list(itertools.islice(todo, ahead)):
+        got = source.take_rows(np.concatenate([p[rows] for p in group]))
+        for i in range(len(group)):
+            block, _ = to_batch(take(got, slice(i * n, (i + 1) * n)))
+            full = Batch(*(None if a is None else np.zeros((batch_size, *a.shape[1:]), a.dtype)
+                           for a in block))
+            for a, b in zip(full, block):
+                if a is not None:
+                    a[rows] = b
+            yield full
 
 
 def train_shuffle_buffer(data: RunData, configured: int) -> int:
     """The shuffle buffer for training batches: synthetic examples are i.i.d. draws already,
-    so shuffling them would only cost time."""
-    return 0 if isinstance(data.train, SyntheticSource) else configured
+    so shuffling them would only cost time; a time-ordered view (`TimeWindows`) is shuffled
+    within its windows already."""
+    return 0 if isinstance(data.train, SyntheticSource | TimeWindows) else configured
 
 
 def _count(source: DataSource, keep: Keep) -> int:
@@ -137,6 +150,8 @@ def _open(cfg: Config, spec: str, split: str = "train") -> DataSource:
     options = {"hash_buckets": cfg.data.hash_buckets, "skip_bad_lines": cfg.data.skip_bad_lines,
                "multi_hot_len": cfg.data.multi_hot_len, "raw_ids": cfg.embed.store == "lru"}
     source = open_source(spec, **options)
+    if isinstance(source, ParquetSource):  # row groups decoded ahead, as synthetic chunks are
+        source.workers = data_workers(cfg)
     # arrays: in memory already; parquet: converted once already, read by row group
     if cfg.data.cache_dir and not isinstance(source, ArraySource | ParquetSource):
         source = DiskCachedSource(source, cfg.data.cache_dir, options)
@@ -165,6 +180,8 @@ def open_data(cfg: Config) -> RunData:
         keep_train, keep_eval = holdout_split(cfg.data.split_seed, cfg.data.holdout)
         desc = (f"seeded hold-out split of {cfg.data.train}: {cfg.data.holdout:.0%} of rows "
                 f"(split seed {cfg.data.split_seed})")
+    if cfg.data.order == "time" or cfg.data.eval_day >= 0:
+        train, keep_eval, desc = _in_time_order(cfg, train, keep_eval, desc)
     train_rows = train.num_rows if isinstance(train, SyntheticSource) else _count(train, keep_train)
     eval_rows = ev.num_rows if isinstance(ev, SyntheticSource) else _count(ev, keep_eval)
     if train_rows < cfg.train.batch_size:
@@ -173,3 +190,33 @@ def open_data(cfg: Config) -> RunData:
     if eval_rows == 0:
         raise ValueError(f"eval set {desc} is empty")
     return RunData(train, ev, keep_train, keep_eval, desc, train_rows, eval_rows)
+
+
+def _in_time_order(cfg: Config, train: DataSource, keep_eval: Keep, desc: str):
+    """``data.order=time`` and ``data.eval_day`` (`recjax.data.days`): the training source in
+    time order (a Parquet dataset's days, each shuffled within windows of
+    ``data.shuffle_buffer`` examples; synthetic data is in time order already), and the
+    hold-out rows of day ``eval_day`` as the eval set."""
+    if isinstance(train, SyntheticSource):
+        if cfg.data.eval_day >= 0:
+            raise ValueError("data.eval_day: synthetic data evaluates on its own eval stream; "
+                             "use --synthetic.eval_day")
+        return train, keep_eval, desc
+    if not has_days(train):
+        raise ValueError(f"{cfg.data.train}: data.order=time and data.eval_day need data with "
+                         "days: synthetic data with --synthetic.days, or a Parquet dataset "
+                         "converted from one input per day (scripts/convert.py)")
+    if cfg.data.eval_day >= 0:
+        if cfg.data.eval:
+            raise ValueError("data.eval_day evaluates on a day of the training data's hold-out "
+                             f"split; drop --eval-data {cfg.data.eval} or data.eval_day")
+        held, day = keep_eval, cfg.data.eval_day
+        keep_eval = lambda rows: held(rows) & (days_of(train, rows) == day)  # noqa: E731
+        desc = f"day {day} of the {desc}"
+    if cfg.data.order == "time" and cfg.data.shuffle_buffer:
+        if (isinstance(train, CachedSource) and not train.is_cached
+                and sum(train.chunk_sizes()) <= train.max_rows):
+            for _ in train.chunks():  # one pass fills the memory cache the windows read from
+                pass
+        train = TimeWindows(train, cfg.data.shuffle_buffer, cfg.train.seed)
+    return train, keep_eval, desc
