@@ -46,6 +46,7 @@ from recjax.train.setup import build
 from recjax.train.step import jit_train_step
 
 B, LR = 4096, 0.05
+MODELS = ("dcn_v2", "din")
 
 
 def _glorot(rng, a, b):
@@ -120,22 +121,22 @@ def din_reference(spec, dim: int, att: int, deep, rng):
     return params, loss, flops
 
 
-def _case(name: str, quick: bool):
+def _case(name: str, quick: bool, b: int = B):
     cfg = configs.smoke()
     sgd = dict(dense=DenseOptimConfig(name="sgd", lr=LR), sparse=SparseOptimConfig(name="sgd", lr=LR))
     rng = np.random.default_rng(0)
     if name == "dcn_v2":
-        src = SyntheticSource(dataclasses.replace(PRESETS["criteo_teacher"], n_train=8 * B))
+        src = SyntheticSource(dataclasses.replace(PRESETS["criteo_teacher"], n_train=8 * b))
         model = ModelConfig(name="dcn_v2", embed_dim=16, deep_mlp=(400, 400), cross_layers=3)
         params, loss, flops = dcn_v2_reference(src.spec, 16, 3, (400, 400), rng)
     else:
-        src = SeqTeacherSource(SeqTeacherConfig(n=8 * B))
+        src = SeqTeacherSource(SeqTeacherConfig(n=8 * b))
         model = ModelConfig(name="din", embed_dim=16, att_mlp=(36,), deep_mlp=(200, 80))
         params, loss, flops = din_reference(src.spec, 16, 36, (200, 80), rng)
     cfg = dataclasses.replace(cfg, model=model, **sgd,
-                              train=dataclasses.replace(cfg.train, batch_size=B, microbatches=1))
+                              train=dataclasses.replace(cfg.train, batch_size=b, microbatches=1))
     staged = [b for b, _ in itertools.islice(
-        batches(src, B, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 2 if quick else 4)]
+        batches(src, b, seed=0, epoch=0, shuffle_buffer=0, drop_remainder=True), 2 if quick else 4)]
     m, tx, sopt, state = build(cfg, src.spec)
     ours = jit_train_step(m, tx, sopt)
     names = list(dict.fromkeys(f.table for f in src.spec.fields))
@@ -162,16 +163,16 @@ def _case(name: str, quick: bool):
         jax.block_until_ready(value)
         box["ref"] = (p, t)
 
-    peak, _ = bench_dlrm.make_peak_gemm(B, flops)
+    peak, _ = bench_dlrm.make_peak_gemm(b, flops)
     return {"recjax, staged batches": run_ours, "plain-JAX reference": run_ref,
             "peak fp32 GEMM, a step's FLOPs (roofline)": peak}, flops
 
 
-def bench_models_seq(repeats: int, quick: bool) -> list[dict]:
+def bench_models_seq(repeats: int, quick: bool, batch: int = B) -> list[dict]:
     steps = 3 if quick else 8
     rows = []
-    for name in ("dcn_v2", "din"):
-        runners, flops = _case(name, quick)
+    for name in MODELS:
+        runners, flops = _case(name, quick, batch)
         for run in runners.values():
             run(2)
         rates = {k: [] for k in runners}
@@ -179,13 +180,13 @@ def bench_models_seq(repeats: int, quick: bool) -> list[dict]:
             for k, run in runners.items():
                 t0 = time.perf_counter()
                 run(steps)
-                rates[k].append(steps * B / (time.perf_counter() - t0))
+                rates[k].append(steps * batch / (time.perf_counter() - t0))
         ref = np.median(rates["plain-JAX reference"])
         peak = np.median(rates["peak fp32 GEMM, a step's FLOPs (roofline)"])
         for k, v in rates.items():
             med = float(np.median(v))
             rows.append({"section": "models_seq", "model": name, "name": f"{name}: {k}",
-                         "batch_size": B, "median": med, "examples_per_sec": v,
+                         "batch_size": batch, "median": med, "examples_per_sec": v,
                          "ratio_to_reference": med / ref, "ratio_to_roofline": med / peak,
                          "gflops": med * flops / 1e9, "flops_per_example": flops,
                          "repeats": repeats, "steps_per_repeat": steps})
@@ -196,9 +197,10 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batch", type=int, default=B)
     args = p.parse_args(argv)
     print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()}")
-    for r in bench_models_seq(args.repeats, args.quick):
+    for r in bench_models_seq(args.repeats, args.quick, args.batch):
         print(f"  {r['name']:52s} {r['median']:10,.0f} ex/s  x{r['ratio_to_reference']:.2f} of "
               f"reference  {r['ratio_to_roofline']:.3f} of roofline  {r['gflops']:.1f} GFLOP/s")
 
