@@ -5,6 +5,7 @@ and without padding; one step of the jitted trainer on a padded batch, embedding
 padded positions change nothing (hypothesis); every algorithm trains it or refuses it."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from algorithms.train_main import main
 from recjax import configs
 from recjax.config import DenseOptimConfig
 from recjax.embeddings import SparseOptimConfig
@@ -20,6 +22,7 @@ from recjax.models import ModelConfig, bce_loss, build_model
 from recjax.models.sequence import sequences, unroll_spec
 from recjax.train.setup import build
 from recjax.train.step import jit_train_step
+from tests.conftest import data_path
 from tests.reference_models import reference
 from tests.test_models_din import SPEC_MULTI, _batch, _spec
 
@@ -208,6 +211,20 @@ def test_bad_settings_are_refused_with_the_reason():
         _cfg(bst_heads=0)
     with pytest.raises(ValueError, match="model.bst_pos_dim must be >= 0"):
         _cfg(bst_pos_dim=-1)
+
+
+def test_bst_trains_on_taobao_from_the_cli(tmp_path):
+    """``--model bst`` on the Taobao sample's click sequence (one sequence: tokens of D + P), end
+    to end from the CLI."""
+    train = data_path("taobao_ad_tiny", "train_sample.csv")
+    valid = data_path("taobao_ad_tiny", "valid_sample.csv")
+    assert main(["--config", "smoke", "--model", "bst", "--data", f"seq:taobao:{train}",
+                 "--eval-data", f"seq:taobao:{valid}", "--data.multi_hot_len=8",
+                 "--data.hash_buckets=4096", "--batch-size", "16", "--epochs", "2", "--seed", "1",
+                 "--out", str(tmp_path), "--no-progress"]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["model"] == "bst" and s["steps"] == 12 and s["eval_examples"] == 100
+    assert np.isfinite(s["train_ne"]) and np.isfinite(s["eval_ne"])
 
 
 def _algo_cfg(algo: str):
