@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tests.reference_bst import bst as _bst_with
+
 Tree = dict
 Backward = Callable[[np.ndarray], tuple[Tree, dict[str, np.ndarray]]]
 
@@ -346,8 +348,13 @@ def _din(p, acts, dense, sequences=(), **_):
     return logits, backward
 
 
+def _bst(p, acts, dense, **kw):
+    """BST (Chen et al. 2019): tests/reference_bst.py, with this module's MLP."""
+    return _bst_with(p, acts, dense, _mlp, **kw)
+
+
 _FORWARD = {"lr": _lr, "fm": _fm, "wide_deep": _wide_deep, "deepfm": _deepfm, "dlrm": _dlrm,
-            "dcn": _dcn, "dcn_v2": _dcn_v2, "din": _din}
+            "dcn": _dcn, "dcn_v2": _dcn_v2, "din": _din, "bst": _bst}
 
 
 def bce(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
@@ -358,11 +365,11 @@ def bce(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
 
 
 def reference(model_name: str, params: Tree, acts: dict, dense, labels, *,
-              interaction_self: bool = False, sequences: tuple = ()):
+              interaction_self: bool = False, sequences: tuple = (), **model_kw):
     """Loss, logits and gradients of ``bce_loss(model(params, acts, dense), labels)``.
 
     Args:
-      model_name: one of ``lr, fm, wide_deep, deepfm, dlrm, dcn, dcn_v2, din``.
+      model_name: one of ``lr, fm, wide_deep, deepfm, dlrm, dcn, dcn_v2, din, bst``.
       params: the Flax parameter tree (``variables["params"]`` or ``{"params": ...}``).
       acts: activation groups, ``{"emb": [B, F, D], "wide": [B, F, 1]}`` (those the model reads;
         any other group gets a zero gradient).
@@ -371,6 +378,7 @@ def reference(model_name: str, params: Tree, acts: dict, dense, labels, *,
       interaction_self: DLRM's ``interaction_self`` (not recoverable from the parameters).
       sequences: DIN's ``((position field indices, target field index), ...)``, one per
         behaviour sequence (`recjax.models.sequence.sequences` of the spec).
+      model_kw: BST's ``heads`` (h) and ``lengths`` ([B] behaviours per example; default all).
 
     Returns:
       ``(loss, logits, grad_params, grad_acts)`` in float64: a float, [B], a tree shaped like
@@ -382,7 +390,7 @@ def reference(model_name: str, params: Tree, acts: dict, dense, labels, *,
     dense = np.asarray(dense, np.float64)
     labels = np.asarray(labels, np.float64)
     logits, backward = _FORWARD[model_name](p, acts64, dense, interaction_self=interaction_self,
-                                            sequences=sequences)
+                                            sequences=sequences, **model_kw)
     loss, d_logits = bce(logits, labels)
     g_params, g_acts = backward(d_logits)
     g_acts = {k: g_acts.get(k, np.zeros_like(v)) for k, v in acts64.items()}

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from recjax.features import FeatureSpec
+from recjax.models.bst import BST
 from recjax.models.config import MODEL_NAMES, SEQUENCE_MODEL_NAMES, ModelConfig
 from recjax.models.dcn import DCN
 from recjax.models.dcn_v2 import DCNv2
@@ -42,13 +43,13 @@ MODELS: dict[str, type[nn.Module]] = {
 }
 assert tuple(MODELS) == MODEL_NAMES, "MODELS and config.MODEL_NAMES must list the same models"
 # name -> module class of the models that need a behaviour sequence (recjax/models/sequence.py)
-SEQUENCE_MODELS: dict[str, type[nn.Module]] = {"din": DIN}
+SEQUENCE_MODELS: dict[str, type[nn.Module]] = {"din": DIN, "bst": BST}
 assert tuple(SEQUENCE_MODELS) == SEQUENCE_MODEL_NAMES, "and SEQUENCE_MODELS the sequence models"
 
 _CLASSES = {**MODELS, **SEQUENCE_MODELS}
 
 __all__ = ["MODELS", "SEQUENCE_MODELS", "ModelConfig", "bce_loss", "build_model", "dummy_inputs",
-           "embedding_groups", "DCN", "DCNv2", "DIN", "DLRM", "DeepFM", "FM", "LR", "WideDeep"]
+           "embedding_groups", "BST", "DCN", "DCNv2", "DIN", "DLRM", "DeepFM", "FM", "LR", "WideDeep"]
 
 
 def build_model(cfg: ModelConfig, spec: FeatureSpec) -> nn.Module:
@@ -68,7 +69,7 @@ def embedding_groups(cfg: ModelConfig) -> dict[str, int]:
     """Activation groups the model reads, with their embedding dim.
 
     ``lr -> {"wide": 1}``; ``fm, wide_deep, deepfm -> {"wide": 1, "emb": D}``;
-    ``dlrm, dcn, dcn_v2, din -> {"emb": D}``. The embedding side builds one table set per group.
+    ``dlrm, dcn, dcn_v2, din, bst -> {"emb": D}``. The embedding side builds one table set per group.
     """
     return {g: 1 if g == "wide" else cfg.embed_dim for g in _CLASSES[cfg.name].GROUPS}
 

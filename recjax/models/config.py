@@ -18,7 +18,7 @@ MODEL_NAMES = ("lr", "fm", "wide_deep", "deepfm", "dlrm", "dcn", "dcn_v2")
 # The models that also need a behaviour sequence in the data (position fields,
 # recjax/models/sequence.py); `recjax.models.SEQUENCE_MODELS` maps each to its class. `--model`
 # accepts both lists.
-SEQUENCE_MODEL_NAMES = ("din",)
+SEQUENCE_MODEL_NAMES = ("din", "bst")
 
 
 def _layer_sizes(field: str, value) -> tuple[int, ...]:
@@ -34,12 +34,12 @@ class ModelConfig:
     """Which model to build and the sizes of its dense layers.
 
     Attributes:
-      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn | dcn_v2 | din``.
+      name: model family: ``lr | fm | wide_deep | deepfm | dlrm | dcn | dcn_v2 | din | bst``.
       embed_dim: D, the width of every field's embedding (group ``"emb"``).
       bottom_mlp: DLRM hidden widths over the dense features; the bottom MLP is
         ``bottom_mlp + (embed_dim,)`` so its output can join the dot interaction.
       top_mlp: DLRM hidden widths after the interaction; a final 1-unit linear layer is added.
-      deep_mlp: hidden widths of the deep tower of Wide&Deep, DeepFM, DCN, DCN-v2 and DIN.
+      deep_mlp: hidden widths of the deep tower of Wide&Deep, DeepFM, DCN, DCN-v2, DIN and BST.
       cross_layers: number of DCN / DCN-v2 cross layers (0 leaves x0 unchanged: a deep +
         linear model).
       cross_rank: DCN-v2: 0 = full-rank cross matrices W_l (K x K, Eq. 1); r > 0 = low rank
@@ -52,6 +52,12 @@ class ModelConfig:
         2018, Fig. 2 draws one layer of 36).
       din_pooling: DIN: attention (the weighted sum of Eq. 3) | sum (every weight 1: the
         paper's BaseModel, the baseline of docs/models.md).
+      bst_heads: BST: attention heads h; they must divide a token's width d = sequences x
+        embed_dim + bst_pos_dim (Chen et al. 2019, Table 1: 8).
+      bst_blocks: BST: transformer blocks stacked (Eq. 6; Table 1: 1).
+      bst_ffn: BST: width of the feed-forward layer W^(1) (Eq. 5); 0 = 4 d.
+      bst_pos_dim: BST: width P of the learned position embedding concatenated to each token
+        (Sec. 2.1); 0 = no position feature.
       interaction_self: DLRM only: also include the i == j dot products (N(N+1)/2 pairs instead
         of the strictly upper N(N-1)/2).
       dropout: dropout rate p in [0, 1) after every hidden MLP layer (FuxiCTR's ``net_dropout``);
@@ -78,6 +84,10 @@ class ModelConfig:
     cross_structure: Literal["stacked", "parallel"] = "stacked"  # DCN-v2: cross then deep, or both
     att_mlp: tuple[int, ...] = (36,)  # DIN: hidden widths of the activation unit
     din_pooling: Literal["attention", "sum"] = "attention"  # DIN: Eq. 3, or sum pooling
+    bst_heads: int = 8  # BST: attention heads (must divide the token width)
+    bst_blocks: int = 1  # BST: transformer blocks
+    bst_ffn: int = 0  # BST: feed-forward width (0 = 4 x token width)
+    bst_pos_dim: int = 8  # BST: position embedding width (0 = none)
     interaction_self: bool = False  # DLRM: include the i == j pairs in the dot interaction
     dropout: float = 0.0  # dropout rate after every hidden MLP layer (0 = off)
     batch_norm: bool = False  # batch norm after every hidden MLP layer's Dense
@@ -99,6 +109,13 @@ class ModelConfig:
             raise ValueError(f"model.cross_experts must be >= 1, and > 1 (a mixture of low-rank "
                              f"experts) needs model.cross_rank > 0; got cross_experts="
                              f"{self.cross_experts}, cross_rank={self.cross_rank}")
+        for field in ("bst_heads", "bst_blocks"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"model.{field} must be >= 1, got {getattr(self, field)}")
+        for field in ("bst_ffn", "bst_pos_dim"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"model.{field} must be >= 0 (0 = the default), got "
+                                 f"{getattr(self, field)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1) (a rate; 0 = off), got {self.dropout}")
         if not 0.0 <= self.bn_momentum < 1.0:
@@ -113,4 +130,4 @@ class ModelConfig:
     def smoke(cls, name: str = "dlrm") -> ModelConfig:
         """A small configuration of ``name`` that trains on a laptop CPU in seconds."""
         return cls(name=name, embed_dim=8, bottom_mlp=(32, 16), top_mlp=(32, 16),
-                   deep_mlp=(32, 32), cross_layers=2, att_mlp=(16,))
+                   deep_mlp=(32, 32), cross_layers=2, att_mlp=(16,), bst_heads=2)

@@ -1,6 +1,18 @@
 """Padded sequences (with a mask) against values + offsets, for DIN's attention pooling.
 
     python -m recjax.tools.bench_seq_layout [--batch 4096] [--max-len 20] [--repeats 7]
+        [--models] [--out FILE.json]
+
+``--batch`` and ``--max-len`` take comma lists (every pair is measured); ``--models`` also runs
+recjax/tools/bench_models_seq.py's rows (DCN-v2, DIN, ...: recjax against a plain-JAX
+reference and the roofline) at the first batch size, so one command measures both on a device;
+``--out`` writes every row as JSON with the device, the jax version and the load average. The
+GPU check of docs/models.md ("How a sequence is carried") is
+
+    python -m recjax.tools.bench_seq_layout --batch 4096,32768 --max-len 20,100 --models \
+        --out "${OUT:-bench_results}/seq_layout.json"
+
+and the same with ``--batch 512 --max-len 20 --repeats 2 --quick`` runs on a CPU in minutes.
 
 One jitted step of: the lookup of each behaviour's rows (S = 2 tables of width D, as the
 synthetic teacher's item and category), then forward + backward of DIN's activation unit
@@ -23,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import time
 
 import jax
@@ -30,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from recjax.models.din import ActivationUnit
+from recjax.runlog import write_json_atomic
+from recjax.tools import bench_models_seq
 
 S, D, V, HIDDEN = 2, 8, 100_000, (36,)
 
@@ -115,18 +130,45 @@ def run(batch: int, max_len: int, repeats: int, steps: int = 10) -> list[dict]:
     return rows
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--max-len", type=int, default=20)
+    p.add_argument("--batch", default="4096", help="batch sizes, comma-separated")
+    p.add_argument("--max-len", default="20", help="L, comma-separated")
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
+    p.add_argument("--models", action="store_true",
+                   help="also bench_models_seq's rows at the first batch size")
+    p.add_argument("--quick", action="store_true", help="bench_models_seq's quick variant")
+    p.add_argument("--out", default="", help="write the rows here as JSON")
     args = p.parse_args(argv)
-    print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores, load {os.getloadavg()}")
-    for r in run(args.batch, args.max_len, args.repeats):
-        print(f"lengths {r['lengths']:9s} mean {r['mean_len']:5.2f} of L={r['max_len']}, "
-              f"B={r['batch']}: padded {r['padded_ex_s']:10,.0f} ex/s, jagged (capacity "
-              f"{r['capacity']}) {r['jagged_ex_s']:10,.0f} ex/s, jagged/padded speed "
-              f"x{r['jagged_over_padded']:.2f}")
+    hw = {"platform": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+          "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+          "jax": jax.__version__, "load_before": os.getloadavg()}
+    print(hw, flush=True)
+    layout = []
+    for b in _ints(args.batch):
+        for max_len in _ints(args.max_len):
+            for r in run(b, max_len, args.repeats, args.steps):
+                print(f"lengths {r['lengths']:9s} mean {r['mean_len']:5.2f} of L={r['max_len']}, "
+                      f"B={r['batch']}: padded {r['padded_ex_s']:12,.0f} ex/s, jagged (capacity "
+                      f"{r['capacity']}) {r['jagged_ex_s']:12,.0f} ex/s, jagged/padded speed "
+                      f"x{r['jagged_over_padded']:.2f}", flush=True)
+                layout.append(r)
+    models = []
+    if args.models:
+        models = bench_models_seq.bench_models_seq(args.repeats, args.quick, _ints(args.batch)[0])
+        for r in models:
+            print(f"  {r['name']:52s} {r['median']:12,.0f} ex/s  x{r['ratio_to_reference']:.2f} "
+                  f"of reference  {r['ratio_to_roofline']:.3f} of roofline  "
+                  f"{r['gflops']:.1f} GFLOP/s", flush=True)
+    hw["load_after"] = os.getloadavg()
+    if args.out:
+        write_json_atomic(args.out, {"hardware": hw, "layout": layout, "models": models})
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
