@@ -15,6 +15,7 @@ import dataclasses
 # (a dynamic-id store holds ``embed.capacity`` rows instead).
 RAW_VOCAB = 2**63 - 1
 
+POSITION_SEP = "@"  # position field name: f"{sequence}@{position}" (recjax.models.sequence)
 POOLINGS = ("sum", "mean")  # over the ids of a multi-hot field (embed.pooling, FieldSpec.pooling)
 
 
@@ -97,6 +98,13 @@ class FeatureSpec:
     @property
     def multi_hot(self) -> bool:
         return self.max_len > 1
+
+    @property
+    def masked(self) -> bool:
+        """Whether a batch of this spec carries a mask: some field is multi-hot, or holds a
+        position of a behaviour sequence (``NAME@i``, one-hot with mask 0 past the example's
+        length: `recjax.models.sequence`)."""
+        return self.multi_hot or any(POSITION_SEP in f.name for f in self.fields)
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:

@@ -57,7 +57,7 @@ def abstract_batch(cfg: Config, spec: FeatureSpec, batch_size: int) -> Batch:
     """Shapes and dtypes of a `batch_size` batch of `spec` (to trace a step without data)."""
     f32, i32 = np.float32, np.int32
     ids = jax.ShapeDtypeStruct((batch_size, spec.n_fields, spec.max_len), i32)
-    mask = jax.ShapeDtypeStruct(ids.shape, f32) if spec.multi_hot else None
+    mask = jax.ShapeDtypeStruct(ids.shape, f32) if spec.masked else None
     return Batch(jax.ShapeDtypeStruct((batch_size, spec.n_dense), f32), ids, mask,
                  jax.ShapeDtypeStruct((batch_size,), f32))
 

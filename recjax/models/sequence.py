@@ -29,9 +29,9 @@ import dataclasses
 import numpy as np
 
 from recjax.batch import Chunk
-from recjax.features import FeatureSpec, FieldSpec
+from recjax.features import POSITION_SEP, FeatureSpec, FieldSpec
 
-SEP = "@"  # position field name = f"{sequence}{SEP}{position}"
+SEP = POSITION_SEP  # position field name = f"{sequence}{SEP}{position}"
 
 
 def position_name(sequence: str, position: int) -> str:
