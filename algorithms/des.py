@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -35,7 +36,14 @@ from recjax.models import embedding_groups
 from recjax.train.setup import make_model
 from recjax.train.step import TrainState, apply_dense, loss_and_grads, step_metrics
 from sharding import arrays, comm, des, embedding, mesh
-from sharding.spmd import abstract_batch, batch_specs, feature_spec, global_metrics, run_spmd
+from sharding.spmd import (
+    abstract_batch,
+    batch_specs,
+    feature_spec,
+    global_metrics,
+    is_global,
+    run_spmd,
+)
 
 AXES = ("data", "field")
 IDS = P("data", "field")
@@ -88,6 +96,10 @@ class DesStrategy(SyncStrategy):
 
     # -- placement --
     def prepare(self, state: TrainState) -> TrainState:
+        if is_global(state):  # a multi-process checkpoint restored onto this mesh
+            placed = self.place_restored(state)
+            self._build(placed)
+            return placed
         host = arrays.fetch(state)
         treedef = jax.tree.structure(host.params)
         split = lambda p: des.split_params(self.dl, self.model_name, p)  # noqa: E731
@@ -104,6 +116,30 @@ class DesStrategy(SyncStrategy):
         placed = arrays.put_tree(sharded, self.mesh, self.specs)
         self._build(placed)
         return placed
+
+    # the single-device layout on the devices (`CheckpointLayout`: multi-process checkpoints)
+    def _to_logical(self, state: TrainState) -> TrainState:
+        join = lambda p: des.join_params(self.dl, self.model_name, p, jnp)  # noqa: E731
+        return TrainState(state.step, join(state.params),
+                          des.map_param_like(join, state.opt_state, self.param_treedef),
+                          embedding.from_stores_jnp(self.plan, state.tables),
+                          embedding.from_stores_jnp(self.plan, state.slots))
+
+    def _from_logical(self, state: TrainState) -> TrainState:
+        split = lambda p: des.split_params(self.dl, self.model_name, p, jnp)  # noqa: E731
+        return TrainState(state.step, split(state.params),
+                          des.map_param_like(split, state.opt_state,
+                                             jax.tree.structure(state.params)),
+                          embedding.to_stores_jnp(self.plan, state.tables),
+                          embedding.to_stores_jnp(self.plan, state.slots))
+
+    def _specs_of(self, shapes: TrainState) -> TrainState:
+        pspec = des.param_specs(self.model_name, shapes.params)
+        self.param_treedef = jax.tree.structure(shapes.params)
+        return TrainState(P(), pspec, des.map_param_like(lambda _: pspec, shapes.opt_state,
+                                                         self.param_treedef, lambda _: P()),
+                          embedding.store_specs(self.plan, shapes.tables),
+                          embedding.store_specs(self.plan, shapes.slots))
 
     def unshard(self, state: TrainState) -> TrainState:
         host = arrays.fetch(state)

@@ -59,7 +59,15 @@ from recjax.features import FeatureSpec
 from recjax.train.setup import make_model, table_bytes
 from recjax.train.step import StepMetrics, TrainState, predict, train_step
 from sharding import arrays, comm, mesh
-from sharding.spmd import abstract_batch, batch_specs, feature_spec, global_metrics, run_spmd
+from sharding.spmd import (
+    CheckpointLayout,
+    abstract_batch,
+    batch_specs,
+    feature_spec,
+    global_metrics,
+    is_global,
+    run_spmd,
+)
 
 AXIS = "data"  # the replicas' mesh axis
 
@@ -224,7 +232,7 @@ def _check_memory(cfg: Config, layout, k: int) -> None:
                          "--train.memory_check=false (devices with their own memory)")
 
 
-class DilocoStrategy:
+class DilocoStrategy(CheckpointLayout):
     """`loop.Strategy` of DiLoCo on ``setup.mesh``: k replicas on the ``data`` axis."""
 
     name = "diloco"
@@ -250,9 +258,10 @@ class DilocoStrategy:
         host = arrays.fetch((state.step, state.round_start))
         if int(host[0]) != int(host[1]):
             return None
-        return jax.device_get({"outer_opt_state": state.outer_opt_state,
-                               "inner_opt_state": state.inner.opt_state,
-                               "inner_slots": state.inner.slots})
+        extra = {"outer_opt_state": state.outer_opt_state,
+                 "inner_opt_state": state.inner.opt_state, "inner_slots": state.inner.slots}
+        # a multi-process run writes the global arrays where they are (`CheckpointLayout`)
+        return extra if jax.process_count() > 1 else jax.device_get(extra)
 
     def extra_like(self, state: TrainState) -> dict:
         """`extra`'s structure for this run (k replicas) from a single-device state."""
@@ -268,6 +277,13 @@ class DilocoStrategy:
         """`init` of the (fresh or restored) single-device state, built on the host and placed:
         no device holds more than its own replicas; `extra` (`extra`, from the checkpoint) gives
         back the outer state and each replica's own inner state."""
+        if is_global(state):  # a multi-process checkpoint restored onto this mesh
+            if extra is None and int(state.step) > 0 and self._lossy(state):
+                self._note_lossy(int(state.step))
+            placed = self.place_restored(state, *([] if extra is None else [extra]))
+            self._step = int(state.step)
+            self._build(placed)
+            return placed
         host = arrays.fetch(state)
         if extra is not None:
             theta = (host.params, host.tables)
@@ -280,10 +296,7 @@ class DilocoStrategy:
             self._build(placed)
             return placed
         if int(host.step) > 0 and self._lossy(host):
-            print(f"note: --algo diloco starts from step {int(host.step)}'s checkpoint: theta and "
-                  "the replicas' mean inner optimizer state; the outer momentum and each "
-                  "replica's own inner state restart, so this run is not bitwise an "
-                  "uninterrupted one (docs/diloco.md)", file=sys.stderr, flush=True)
+            self._note_lossy(int(host.step))
         theta = (host.params, host.tables)
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),  # optax.sgd's init: zeros
                              jax.eval_shape(self.outer_tx.init, theta))
@@ -294,11 +307,41 @@ class DilocoStrategy:
         self._build(placed)
         return placed
 
+    @staticmethod
+    def _note_lossy(step: int) -> None:
+        print(f"note: --algo diloco starts from step {step}'s checkpoint: theta and "
+              "the replicas' mean inner optimizer state; the outer momentum and each "
+              "replica's own inner state restart, so this run is not bitwise an "
+              "uninterrupted one (docs/diloco.md)", file=sys.stderr, flush=True)
+
     def _lossy(self, host: TrainState) -> bool:
         """Whether a checkpoint loses state here: an outer momentum, or a float inner slot."""
         floats = [x for x in jax.tree.leaves((host.opt_state, host.slots))
-                  if np.issubdtype(np.asarray(x).dtype, np.floating)]
+                  if np.issubdtype(np.dtype(x.dtype), np.floating)]
         return bool(self.setup.cfg.diloco.outer_momentum or floats)
+
+    # the single-device layout on the devices (`CheckpointLayout`: multi-process checkpoints)
+    def _to_logical(self, state: DilocoState) -> TrainState:
+        """`unshard` where the shards are (the replicas' mean in jax: float rounding of
+        another summation order than `unshard`'s numpy mean)."""
+        mean = lambda x: (x.mean(axis=0, dtype=x.dtype)  # noqa: E731
+                          if jnp.issubdtype(x.dtype, jnp.floating) else x[0])
+        inner = state.inner
+        return TrainState(state.round_start, state.params, jax.tree.map(mean, inner.opt_state),
+                          state.tables, jax.tree.map(mean, inner.slots), ())
+
+    def _from_logical(self, state: TrainState, extra: dict | None = None) -> DilocoState:
+        """`prepare`'s host path on the devices: theta and k replicas of the state, and the
+        outer and inner states of `extra` (else the outer optimizer's fresh zeros)."""
+        inner = jax.tree.map(lambda x: jnp.broadcast_to(x, (self.k, *jnp.shape(x))), state)
+        outer = self.outer_tx.init((state.params, state.tables))
+        if extra is not None:
+            inner = inner._replace(opt_state=extra["inner_opt_state"], slots=extra["inner_slots"])
+            outer = extra["outer_opt_state"]
+        return DilocoState(state.step, state.params, state.tables, outer, inner, state.step)
+
+    def _specs_of(self, shapes: DilocoState) -> DilocoState:
+        return self.SPECS
 
     def unshard(self, state: DilocoState) -> TrainState:
         """theta in the single-device layout at the last outer step, labelled with its step;

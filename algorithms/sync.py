@@ -44,7 +44,16 @@ from recjax.train.step import (
     step_rng,
 )
 from sharding import arrays, comm, embedding, mesh, routing, rules
-from sharding.spmd import abstract_batch, batch_specs, feature_spec, gather, global_metrics, run_spmd
+from sharding.spmd import (
+    CheckpointLayout,
+    abstract_batch,
+    batch_specs,
+    feature_spec,
+    gather,
+    global_metrics,
+    is_global,
+    run_spmd,
+)
 
 AXES = ("data", "model")
 ROUTE_CHECKS = 8  # first batches checked against the routing capacity on the host
@@ -73,7 +82,7 @@ class SyncSetup:
         return cls(cfg, spec, mesh.make_mesh(sizes), plan)
 
 
-class SyncStrategy:
+class SyncStrategy(CheckpointLayout):
     """`loop.Strategy` of the sync algorithm on ``setup.mesh``."""
 
     name = "sync"
@@ -91,6 +100,10 @@ class SyncStrategy:
                           embedding.store_specs(self.plan, state.slots), P())
 
     def prepare(self, state: TrainState) -> TrainState:
+        if is_global(state):  # a multi-process checkpoint restored onto this mesh
+            placed = self.place_restored(state)
+            self._build(placed)
+            return placed
         host = arrays.fetch(state)
         sharded = TrainState(host.step, host.params, host.opt_state,
                              embedding.to_stores(self.plan, host.tables),
@@ -106,6 +119,20 @@ class SyncStrategy:
         return TrainState(host.step, host.params, host.opt_state,
                           embedding.from_stores(self.plan, host.tables),
                           embedding.from_stores(self.plan, host.slots), host.batch_stats)
+
+    # the single-device layout on the devices (`CheckpointLayout`: multi-process checkpoints)
+    def _to_logical(self, state: TrainState) -> TrainState:
+        return TrainState(state.step, state.params, state.opt_state,
+                          embedding.from_stores_jnp(self.plan, state.tables),
+                          embedding.from_stores_jnp(self.plan, state.slots), state.batch_stats)
+
+    def _from_logical(self, state: TrainState) -> TrainState:
+        return TrainState(state.step, state.params, state.opt_state,
+                          embedding.to_stores_jnp(self.plan, state.tables),
+                          embedding.to_stores_jnp(self.plan, state.slots), state.batch_stats)
+
+    def _specs_of(self, shapes: TrainState) -> TrainState:
+        return self._specs(shapes)
 
     def put_batch(self, batch: Batch) -> Batch:
         if len(self._route_over) < ROUTE_CHECKS:

@@ -41,6 +41,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
+from recjax.checksum import KIND as wsum32_kind
+from recjax.checksum import wsum32
+
 # orbax logs every save through absl at WARNING/INFO; a progress bar is what users watch.
 absl_logging.set_verbosity(absl_logging.ERROR)
 
@@ -123,6 +126,13 @@ def checksums(tree: Any) -> list[str]:
     """CRC-32 (8 hex digits) of every array's bytes in `tree`, in leaf order."""
     return [f"{zlib.crc32(np.ascontiguousarray(x).reshape(-1).view(np.uint8)):08x}"
             for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+def host_sums(kind: str, tree: Any) -> list[str]:
+    """The `kind` checksums of `tree`'s arrays held by this process: CRC-32 (what one process
+    writes) or `recjax.checksum.wsum32` (what several processes write, checked the same way
+    whatever the layout, so a run of one process resumes a multi-process run's checkpoint)."""
+    return wsum32(tree) if kind == wsum32_kind else checksums(tree)
 
 
 class Checkpointer:
@@ -319,12 +329,11 @@ class Checkpointer:
             raise ValueError(f"checkpoint {self.directory}/{step}: the algorithm's own state "
                              f"does not fit this run: {_spec_diff([r[:3] for r in record], mine)}")
         try:
-            extra = self._mngr.restore(step, args=ocp.args.Composite(
-                extra=ocp.args.StandardRestore(self._abstract(like, host)))).extra
+            extra = self._restore_item(step, "extra", self._abstract(like, host))
         except Exception as e:
             raise _Damaged(f"an array file of its algorithm state cannot be read: "
                            f"{_first_line(e)}") from e
-        _check_sums(record, extra, "the algorithm state's ")
+        _check_sums(record, extra, "the algorithm state's ", integrity.get("checksum"), self._sums)
         return extra
 
     def _read(self, step: int, like: Any, host: bool = False) -> tuple[Any, dict]:
@@ -334,6 +343,8 @@ class Checkpointer:
           ValueError: another model or data schema; _Damaged: unreadable or wrong bytes.
         """
         meta = self._meta(step)
+        integrity = meta.get("integrity")
+        kind = integrity.get("checksum") if isinstance(integrity, dict) else None
         record = _integrity_record(meta.pop("integrity", None))
         if record is None and not self.unverified:
             # every step this version writes has one: its absence is damage or tampering (a
@@ -346,15 +357,14 @@ class Checkpointer:
             if [r[:3] for r in record] != mine:
                 raise ValueError(self._mismatch(step, _spec_diff([r[:3] for r in record], mine)))
         try:
-            state = self._mngr.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(self._abstract(like, host)))).state
+            state = self._restore_item(step, "state", self._abstract(like, host))
         except Exception as e:
             if record is None:  # written before checksums: cannot tell mismatch from damage
                 raise ValueError(self._mismatch(step, _first_line(e) + " (or the checkpoint "
                                                 "is damaged)")) from e
             raise _Damaged(f"an array file cannot be read: {_first_line(e)}") from e
         if record is not None:
-            _check_sums(record, state)
+            _check_sums(record, state, kind=kind, sums=self._sums)
         self._good.add(step)
         return state, meta
 
@@ -371,6 +381,16 @@ class Checkpointer:
         except _Damaged as e:
             return str(e)
         return None
+
+    def _restore_item(self, step: int, item: str, abstract: Any) -> Any:
+        """The arrays of `item` ("state" or "extra") of `step`, shaped and placed as `abstract`."""
+        return getattr(self._mngr.restore(step, args=ocp.args.Composite(
+            **{item: ocp.args.StandardRestore(abstract)})), item)
+
+    def _sums(self, kind: str, tree: Any) -> list[str]:
+        """Checksums of a restored tree (`host_sums`; the multi-process checkpointer sums
+        global arrays where they are)."""
+        return host_sums(kind, tree)
 
     def _mismatch(self, step: int, detail: str) -> str:
         return (f"checkpoint {self.directory}/{step} does not fit this run's model and data "
@@ -398,13 +418,16 @@ class Checkpointer:
         self._bad.pop(step, None)
 
 
+CHECKSUMS = ("crc32", wsum32_kind)  # one process writes crc32; several, wsum32 (recjax.checksum)
+
+
 def _integrity_record(integrity: Any) -> list[list] | None:
-    """The ``[path, shape, dtype, crc]`` rows of a step's integrity metadata, None if it has
+    """The ``[path, shape, dtype, sum]`` rows of a step's integrity metadata, None if it has
     none, and `_Damaged` if it is there but malformed (a tampered or damaged record)."""
     if integrity is None:
         return None
     record = integrity.get("arrays") if isinstance(integrity, dict) else None
-    if (not isinstance(integrity, dict) or integrity.get("checksum") != "crc32"
+    if (not isinstance(integrity, dict) or integrity.get("checksum") not in CHECKSUMS
             or not isinstance(record, list)
             or not all(isinstance(r, list) and len(r) == 4 and isinstance(r[3], str)
                        for r in record)):
@@ -412,9 +435,12 @@ def _integrity_record(integrity: Any) -> list[list] | None:
     return record
 
 
-def _check_sums(record: list[list], tree: Any, what: str = "") -> None:
-    """`_Damaged` naming the arrays of `tree` whose CRC differs from the `record`'s."""
-    bad = [r[0] for r, crc in zip(record, checksums(tree)) if r[3] != crc]
+def _check_sums(record: list[list], tree: Any, what: str = "", kind: str = "crc32",
+                sums=None) -> None:
+    """`_Damaged` naming the arrays of `tree` whose checksum (`kind`) differs from the
+    `record`'s; `sums(kind, tree)` computes them (default: on this host)."""
+    got = (sums or host_sums)(kind, tree)
+    bad = [r[0] for r, crc in zip(record, got) if r[3] != crc]
     if bad:
         raise _Damaged(f"checksum mismatch in {what}{bad[0]}"
                        + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))

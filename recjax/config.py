@@ -232,6 +232,9 @@ class SpmdConfig:
       process_id: this process's index.
       save_state: also write out/final_state.npz, the final state in the single-device layout
         (process 0 of a multi-process run; used to compare runs).
+      heartbeat_timeout: seconds without a heartbeat after which jax.distributed's
+        coordination service declares a process dead and stops the others (a multi-process
+        run's bound on the wait for a peer that was killed; jax's default is 100).
       route_capacity: sync: owner routing of the row-sharded tables' ids with this many times
         the even share of unique rows per (source, owner) pair
         (sharding/routing.py; a step over capacity takes the exact masked path); 0 = always
@@ -246,9 +249,13 @@ class SpmdConfig:
     process_id: int = 0
     save_state: bool = False  # write out/final_state.npz (single-device layout) at the end
     route_capacity: float = 1.25
+    heartbeat_timeout: int = 100  # s: a dead peer stops the other processes (jax.distributed)
 
     def __post_init__(self):
         check_choices(self, "spmd")
+        if self.heartbeat_timeout < 1:
+            raise ValueError(f"spmd.heartbeat_timeout must be >= 1 second, got "
+                             f"{self.heartbeat_timeout}")
         if not (math.isfinite(self.route_capacity) and self.route_capacity >= 0):
             raise ValueError(f"spmd.route_capacity must be >= 0 (0 = no routing), got "
                              f"{self.route_capacity}")

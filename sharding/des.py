@@ -191,33 +191,40 @@ def _set(tree, path, value):
     return tree
 
 
-def split_params(dl: DesLayout, model: str, params):
-    """Flax params -> DES params: each split leaf -> ``{"fields": slot rows, "rest": the others}``."""
+def split_params(dl: DesLayout, model: str, params, xp=np):
+    """Flax params -> DES params: each split leaf -> ``{"fields": slot rows, "rest": the others}``.
+
+    `xp`: numpy (host arrays), or jax.numpy (inside a jit over global arrays: a restored
+    multi-process checkpoint is split where its shards are, `sharding.spmd`)."""
     slot = np.asarray(dl.slot_field)
     real = slot >= 0
     fd = dl.n_fields * dl.embed_dim
     for path, axis in split_leaves(model, params).items():
-        x = np.moveaxis(np.asarray(_get(params, path)), axis, 0)
+        x = xp.moveaxis(xp.asarray(_get(params, path)), axis, 0)
         fields = x[:fd].reshape((dl.n_fields, dl.embed_dim) + x.shape[1:])
-        padded = np.zeros((len(slot),) + fields.shape[1:], x.dtype)
-        padded[real] = fields[slot[real]]
-        value = {"fields": np.moveaxis(padded.reshape((-1,) + x.shape[1:]), 0, axis),
-                 "rest": np.moveaxis(x[fd:], 0, axis)}
+        padded = xp.zeros((len(slot),) + fields.shape[1:], x.dtype)
+        if xp is np:
+            padded[real] = fields[slot[real]]
+        else:
+            padded = padded.at[np.flatnonzero(real)].set(fields[slot[real]])
+        value = {"fields": xp.moveaxis(padded.reshape((-1,) + x.shape[1:]), 0, axis),
+                 "rest": xp.moveaxis(x[fd:], 0, axis)}
         params = _set(params, path, value)
     return params
 
 
-def join_params(dl: DesLayout, model: str, params):
-    """Inverse of `split_params` (host numpy)."""
+def join_params(dl: DesLayout, model: str, params, xp=np):
+    """Inverse of `split_params` (`xp` as there)."""
     slot = np.asarray(dl.slot_field)
     where = {f: i for i, f in enumerate(slot) if f >= 0}
     for path, axis in split_leaves(model, params).items():
         v = _get(params, path)
-        fields = np.moveaxis(np.asarray(v["fields"]), axis, 0)
+        fields = xp.moveaxis(xp.asarray(v["fields"]), axis, 0)
         fields = fields.reshape((len(slot), dl.embed_dim) + fields.shape[1:])
-        ordered = fields[[where[f] for f in range(dl.n_fields)]].reshape((-1,) + fields.shape[2:])
-        rest = np.moveaxis(np.asarray(v["rest"]), axis, 0)
-        params = _set(params, path, np.moveaxis(np.concatenate([ordered, rest]), 0, axis))
+        ordered = fields[np.array([where[f] for f in range(dl.n_fields)])].reshape(
+            (-1,) + fields.shape[2:])
+        rest = xp.moveaxis(xp.asarray(v["rest"]), axis, 0)
+        params = _set(params, path, xp.moveaxis(xp.concatenate([ordered, rest]), 0, axis))
     return params
 
 

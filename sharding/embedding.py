@@ -201,13 +201,60 @@ def from_stores(plan: EmbeddingPlan, stores: dict) -> dict:
     return out
 
 
+def to_stores_jnp(plan: EmbeddingPlan, by_table: dict) -> dict:
+    """`to_stores` in jax.numpy, by blocks (no gather): jitted over global arrays with the
+    stores' shardings as its outputs, each device builds its own block where the arrays are
+    (a multi-process checkpoint restored onto this mesh, `sharding.spmd`). Same values."""
+    m_ = plan.n_shards
+    out = {}
+    for s in plan.stores:
+        trees = [by_table[m.table.name] for m in s.members]
+        if s.kind != "rows":
+            out[s.key] = trees[0]
+            continue
+
+        def fuse(*leaves, s=s):
+            tail = leaves[0].shape[1:]
+            buf = jnp.zeros((m_, s.rows) + tail, leaves[0].dtype)
+            for m, leaf in zip(s.members, leaves):
+                k = -(-m.table.num_embeddings // m.span)  # the shards holding its rows
+                pad = [(0, k * m.span - m.table.num_embeddings)] + [(0, 0)] * len(tail)
+                blocks = jnp.pad(leaf, pad).reshape((k, m.span) + tail)
+                buf = buf.at[m.shard:m.shard + k, m.offset:m.offset + m.span].set(blocks)
+            return buf.reshape((m_ * s.rows,) + tail)
+
+        out[s.key] = jax.tree.map(fuse, *trees)
+    return out
+
+
+def from_stores_jnp(plan: EmbeddingPlan, stores: dict) -> dict:
+    """`from_stores` in jax.numpy, by blocks (for a jit over global arrays: a multi-process
+    checkpoint is written from where the shards are, `sharding.spmd`). Same values."""
+    out = {}
+    for s in plan.stores:
+        for m in s.members:
+            if s.kind != "rows":
+                out[m.table.name] = stores[s.key]
+                continue
+
+            def take(x, m=m, s=s):
+                tail = x.shape[1:]
+                k = -(-m.table.num_embeddings // m.span)
+                blocks = x.reshape((plan.n_shards, s.rows) + tail)[
+                    m.shard:m.shard + k, m.offset:m.offset + m.span]
+                return blocks.reshape((k * m.span,) + tail)[:m.table.num_embeddings]
+
+            out[m.table.name] = jax.tree.map(take, stores[s.key])
+    return out
+
+
 def store_specs(plan: EmbeddingPlan, stores: dict) -> dict:
     """PartitionSpec of every leaf of `stores` (tables or slot trees)."""
 
     def spec(s: Store, leaf):
         if s.kind == "rows":
             return P(plan.axis)
-        if s.kind == "columns" and np.ndim(leaf) == 2:
+        if s.kind == "columns" and len(getattr(leaf, "shape", np.shape(leaf))) == 2:
             return P(None, plan.axis)
         return P()
 

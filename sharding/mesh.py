@@ -53,7 +53,8 @@ def init_runtime(cfg: Config) -> int:
             local = want // sp.num_processes if want else 1
             jax.config.update("jax_num_cpu_devices", local)
             jax.distributed.initialize(sp.coordinator, num_processes=sp.num_processes,
-                                       process_id=sp.process_id)
+                                       process_id=sp.process_id,
+                                       heartbeat_timeout_seconds=sp.heartbeat_timeout)
     elif want and not _backends_initialized():
         forced = _FORCED.search(os.environ.get("XLA_FLAGS", ""))
         if not forced or int(forced.group(1)) < want:

@@ -20,6 +20,7 @@ import os
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from recjax.batch import Batch
@@ -67,11 +68,55 @@ def gather(x, axes=("data",)):
     return jax.lax.all_gather(x, axes, axis=0, tiled=True, to="invarying")
 
 
-def claim_out_everywhere(out: str, lead: bool) -> None:
+def is_global(tree) -> bool:
+    """Whether `tree` holds arrays spread over several processes (a multi-process restore)."""
+    return jax.process_count() > 1 and any(
+        isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(tree))
+
+
+def named(mesh, specs):
+    """PartitionSpecs (a pytree prefix) -> NamedShardings on `mesh`."""
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                        is_leaf=lambda s: isinstance(s, P))
+
+
+class CheckpointLayout:
+    """What a multi-process checkpoint needs of an SPMD strategy, on its devices.
+
+    A strategy defines ``_to_logical(state) -> TrainState`` (its state in the single-device
+    layout, written with jax.numpy so that it jits) and ``_from_logical(state, *extra)`` (the
+    inverse, its own layout), and ``_specs_of(shapes)`` (its layout's PartitionSpecs). Then:
+
+    * `logical`: the state in the checkpoint layout (`recjax.checkpoint_sharded.layout`),
+      computed where the shards are: what every process writes its own blocks of;
+    * `place_restored`: a restored checkpoint (global arrays in the checkpoint layout of this
+      mesh, each process holding only its blocks) -> the strategy's layout, on the devices.
+
+    Both are data movement only (slices, concatenations, pads), so a state survives
+    ``place_restored(logical(state))`` bit for bit (tests/test_pod_layout.py).
+    """
+
+    def logical(self, state):
+        from recjax.checkpoint_sharded import shardings
+
+        if getattr(self, "_logical_jit", None) is None:
+            shapes = jax.eval_shape(self._to_logical, state)
+            self._logical_jit = jax.jit(self._to_logical,
+                                        out_shardings=shardings(shapes, self.mesh))
+        return self._logical_jit(state)
+
+    def place_restored(self, state, *extra):
+        shapes = jax.eval_shape(self._from_logical, state, *extra)
+        self.specs = self._specs_of(shapes)
+        return jax.jit(self._from_logical, out_shardings=named(self.mesh, self.specs))(
+            state, *extra)
+
+
+def claim_out_everywhere(out: str, lead: bool, resume: bool = False) -> None:
     """The ``--out`` policy of a multi-process run (`recjax.train.contract.claim_out`): process 0,
-    the one that writes ``--out``, takes its lock and refuses a directory holding a run; every
-    process learns the verdict through one collective, so a refusal stops the whole job with
-    the reason instead of leaving the other processes waiting in the first step.
+    the one that writes ``--out``, takes its lock and refuses a directory holding a run (unless
+    `resume`); every process learns the verdict through one collective, so a refusal stops the
+    whole job with the reason instead of leaving the other processes waiting in the first step.
 
     Raises:
       ValueError: on every process, when process 0 refused ``--out``.
@@ -81,7 +126,7 @@ def claim_out_everywhere(out: str, lead: bool) -> None:
     error = ""
     if lead and out:
         try:
-            contract.claim_out(out)
+            contract.claim_out(out, resume)
         except (ValueError, OSError) as e:
             error = str(e)
     refused = int(multihost_utils.broadcast_one_to_all(np.int32(bool(error))))
@@ -92,37 +137,66 @@ def claim_out_everywhere(out: str, lead: bool) -> None:
                          "--out or free that one")
 
 
+class _Checkpoints:
+    """``() -> ShardedCheckpointer`` for `loop.run` in every process (the ones without --out
+    read `resume` here; `recjax.train.contract.open_run`)."""
+
+    def __init__(self, tc, mesh):
+        self.tc, self.mesh, self.resume = tc, mesh, tc.resume
+
+    def __call__(self):
+        from recjax.checkpoint_sharded import ShardedCheckpointer
+
+        tc = self.tc
+        return ShardedCheckpointer(os.path.join(tc.out, "checkpoints"), self.mesh,
+                                   tc.keep_ckpts, unverified=tc.unverified_resume)
+
+
 def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
     """Set up devices, check the config, train with the shared trainer, write the outputs.
 
     In a multi-process run every process trains (SPMD) and process 0 writes ``--out``:
     summary.json, metrics.jsonl, predictions.csv and TensorBoard events as a single process
     does, and final_state.npz with ``spmd.save_state``, under the ``--out`` policy of every run
-    (`claim_out_everywhere`). It writes no checkpoints (each process holds only its shards of
-    the state), so ``--resume`` is refused up front.
+    (`claim_out_everywhere`). Every process writes its own shards of each checkpoint
+    (`recjax.checkpoint_sharded`, in the single-device layout, so ``--resume`` works from and
+    onto any process count, mesh or algorithm), and the processes stop together: a SIGINT or
+    SIGTERM to any one of them is seen by all at the next step boundary (`agree_any`, one
+    collective per step), where they write one checkpoint and exit 130.
     """
+    from recjax.checkpoint_sharded import agree_any
+
     multi = cfg.spmd.num_processes > 1
-    if multi and cfg.train.resume:
-        raise ValueError("--resume: a multi-process run writes no checkpoints to resume from; "
-                         "resume single-process runs only, or rerun without --resume")
+    tc = cfg.train
+    if multi and tc.keep_best:
+        raise ValueError("train.keep_best: a multi-process run keeps no out/best checkpoint yet; "
+                         "drop --train.keep_best (early stopping alone works), or run the "
+                         "evaluation of the checkpoints afterwards")
+    if multi and tc.resume and not tc.out:
+        raise ValueError("--resume needs the --out that holds the checkpoints")
     n = mesh.init_runtime(cfg)
     setup = setup_cls.from_config(cfg, n)  # every config error is raised here, before compiling
     lead = jax.process_index() == 0
     if multi:
-        claim_out_everywhere(cfg.train.out, lead)
+        claim_out_everywhere(tc.out, lead, tc.resume)
     inner = cfg
     if multi and not lead:
         inner = dataclasses.replace(cfg, train=dataclasses.replace(
-            cfg.train, out="", save_predictions=False, tensorboard=False, progress=False))
+            tc, out="", resume=False, save_predictions=False, tensorboard=False,
+            progress=False))
     made = []
 
     def make_strategy(_cfg, model, tx, sparse_opt):
         made.append(strategy_cls(setup, model, tx, sparse_opt))
         return made[0]
 
-    summary = loop.run(inner, make_strategy, checkpoints=not multi)
+    checkpoints, agree = True, None
+    if multi:
+        checkpoints = _Checkpoints(tc, setup.mesh) if tc.out else False
+        agree = agree_any
+    summary = loop.run(inner, make_strategy, checkpoints=checkpoints, agree=agree)
     state = summary.pop("final_state", None)
-    out = cfg.train.out
+    out = tc.out
     if cfg.spmd.save_state and state is not None:
         host = made[0].unshard(state)
         if lead and out:

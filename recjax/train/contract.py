@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from recjax import metrics, registry
@@ -226,9 +227,13 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
     resume = tc.resume if resume is None else resume
     if tc.out:
         claim_out(tc.out, resume)  # every process layout: lock, and refuse a used --out
-    ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts,
-                         unverified=tc.unverified_resume)
-            if tc.out and checkpoints else None)
+    if callable(checkpoints):  # every process of a multi-process run (sharding.spmd); those
+        ckpt = checkpoints()   # without --out (all but process 0) resume as it says
+        resume = resume or bool(getattr(checkpoints, "resume", False))
+    else:
+        ckpt = (Checkpointer(os.path.join(tc.out, "checkpoints"), tc.keep_ckpts,
+                             unverified=tc.unverified_resume)
+                if tc.out and checkpoints else None)
     if ckpt:
         ckpt.clean_stale()  # saves a kill cut short; safe under the lock
     if resume:
@@ -237,7 +242,8 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
         check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())),
                         json.loads(json.dumps(Config().to_dict())))
         # this segment replays the steps after the checkpoint: their old records must go
-        drop_records_after(os.path.join(tc.out, "metrics.jsonl"), int(state.step))
+        if tc.out:  # (the other processes of a multi-process run write no records)
+            drop_records_after(os.path.join(tc.out, "metrics.jsonl"), int(state.step))
         return ckpt, state, Progress(meta.get("progress"))
     return ckpt, state, Progress()
 
@@ -316,6 +322,11 @@ def non_finite_leaves(state: Any) -> list[str]:
     """The paths of the floating leaves of `state` that hold a NaN or an infinity."""
     bad = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:  # across processes:
+            if (jnp.issubdtype(leaf.dtype, jnp.floating)  # checked where its blocks are
+                    and not bool(jax.jit(lambda a: jnp.isfinite(a).all())(leaf))):
+                bad.append(jax.tree_util.keystr(path))
+            continue
         x = np.asarray(leaf)
         if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
             bad.append(jax.tree_util.keystr(path))

@@ -123,14 +123,19 @@ def train_batches(cfg: Config, data: RunData, start_step: int, total_steps: int,
 
 
 @signals.graceful  # SIGINT/SIGTERM stop at the next step boundary, with a checkpoint
-def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
+def run(cfg: Config, make_strategy=None, checkpoints=True, agree=None) -> dict:
     """Train and evaluate as `cfg` says; returns (and with --out writes) the summary dict.
 
     Args:
       cfg: the run's config.
       make_strategy: ``(cfg, model, tx, sparse_opt) -> Strategy``; default `SingleDevice`.
       checkpoints: write checkpoints/ under ``--out`` (False: summary, metrics and predictions
-        only; a multi-process run's process 0, whose state is not all on its devices).
+        only); or ``() -> Checkpointer``, the checkpointer every process of a multi-process run
+        builds (`sharding.spmd`: it saves ``strategy.logical(state)``, global arrays).
+      agree: ``(bool) -> bool``, whether any process asks to stop (a multi-process run: every
+        process calls it between steps, so all stop at the same step and save it together).
+        A second signal stops this process at once, without a checkpoint: the others are not
+        at the same point to write one with it.
     """
     t0 = time.perf_counter()
     tc = cfg.train
@@ -159,6 +164,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     t_first = t_log = None  # end of the first (compiling) step; start of the current log window
     paused = 0.0  # seconds spent in in-loop evals and checkpoints since t_first
     step, first_step, interrupted = start_step, start_step, False
+    hard = False  # a second signal: this process stops now (`agree`)
+    alone = agree is not None  # a multi-process run: a hard stop leaves the others behind
 
     def save(at: int) -> None:
         nonlocal window, paused
@@ -169,7 +176,8 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
         progress.train_seconds = train_seconds_before + (t - t_first - paused if t_first else 0.0)
         progress.timed_steps = timed_before + (at - first_step if t_first else 0)
         progress.early_stop = stopper.state() if stopper is not None else None
-        contract.save(ckpt, cfg, strategy.unshard(state), progress, t - t0, extra(state))
+        view = strategy.logical if getattr(ckpt, "sharded", False) else strategy.unshard
+        contract.save(ckpt, cfg, view(state), progress, t - t0, extra(state))
         paused += time.perf_counter() - t
 
     train_seconds_before, timed_before = progress.train_seconds, progress.timed_steps
@@ -220,11 +228,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
                                             or (epoch_ckpts and step % steps_per_epoch == 0)):
                 save(step)
                 t_log = time.perf_counter()
-            if signals.requested():  # read between steps: the state is whole (item 7)
+            asked = bool(signals.requested())  # read between steps: the state is whole
+            if agree(asked) if agree is not None else asked:
                 interrupted = True
                 break
     except KeyboardInterrupt:
-        interrupted = True
+        interrupted = hard = True
     finally:
         prefetch.close()
         out.bar.close()
@@ -240,7 +249,7 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
             out.eval_record(step, ev)
             out.track(step, ev, save_best, final=True)
         paused += time.perf_counter() - t_train_end
-    if ckpt and step > start_step:
+    if ckpt and step > start_step and not (hard and alone):
         try:  # state is between steps here: a consistent point to save
             save(step)
         except RuntimeError as e:  # a second signal inside a dispatch: the donated state is gone
@@ -251,12 +260,12 @@ def run(cfg: Config, make_strategy=None, checkpoints: bool = True) -> dict:
     elif window:
         progress.add(contract.sum_metrics(window, step, ckpt))
     if not finished:
-        if ckpt:
+        if ckpt and not (hard and alone):
             ckpt.close()
         out.close()
         # without checkpoints (no --out, or a multi-process run) there is nothing to resume
         print(f"stopped at step {step}/{total_steps}"
-              + (f"; resume with --resume --out {tc.out}" if ckpt else ""))
+              + (f"; resume with --resume --out {tc.out}" if ckpt and tc.out else ""))
         if interrupted:
             raise KeyboardInterrupt
         return {"stopped_at": step, "steps": step}
