@@ -306,9 +306,11 @@ class Checkpointer:
 
     @staticmethod
     def _abstract(like: Any, host: bool) -> Any:
-        sharding = None
+        # onto this process's first device (the CPU with `host`), whatever layout wrote it: a
+        # multi-process checkpoint's arrays are split over devices this process does not have
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         if host:
-            with contextlib.suppress(RuntimeError):  # no CPU backend: wherever orbax puts it
+            with contextlib.suppress(RuntimeError):  # no CPU backend: the default device
                 sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
         # a 64-bit leaf (an LRU store's raw ids, its clock) stays numpy: as a jax array
         # without x64 it would come back 32-bit, and its bytes would fail their CRC

@@ -60,7 +60,7 @@ def launch(cmd: list[str], n: int, port: int = 0, host: str = "127.0.0.1",
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None):  # poll every one: their first failure
             failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
             if kill_at is None and (failed or (deadline and time.monotonic() > deadline)):
                 rc = failed[0] if failed else 124
