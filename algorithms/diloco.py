@@ -266,7 +266,7 @@ class DilocoStrategy(CheckpointLayout):
     def extra_like(self, state: TrainState) -> dict:
         """`extra`'s structure for this run (k replicas) from a single-device state."""
         theta = (state.params, state.tables)
-        stack = lambda x: np.zeros((self.k, *np.shape(x)), np.asarray(x).dtype)  # noqa: E731
+        stack = lambda x: np.zeros((self.k, *np.shape(x)), np.dtype(x.dtype))  # noqa: E731
         return {"outer_opt_state": jax.tree.map(
                     lambda s: np.zeros(s.shape, s.dtype),
                     jax.eval_shape(self.outer_tx.init, theta)),
@@ -398,7 +398,10 @@ class DilocoStrategy(CheckpointLayout):
         return state, metrics
 
     def _predict_body(self, params, tables, batch):
-        return predict(self.model, params, tables, batch)
+        # every process gets every logit (the eval reads them on the host; split over the
+        # processes of a multi-process run, no process could read the others')
+        return jax.lax.all_gather(predict(self.model, params, tables, batch), AXIS, axis=0,
+                                  tiled=True, to="invarying")
 
     def predict(self, params, tables, batch: Batch):
         """Logits of a host batch under theta, its rows split over the devices (padded)."""
@@ -413,7 +416,7 @@ class DilocoStrategy(CheckpointLayout):
             # one where the spec has no multi-hot field), so its specs are the batch's too
             self._predict_jit[mask] = jax.jit(jax.shard_map(
                 self._predict_body, mesh=self.mesh, in_specs=(P(), P(), batch_specs(mask)),
-                out_specs=P(AXIS)))
+                out_specs=P()))
         return self._predict_jit[mask](params, tables, placed)[:n]
 
     def _build(self, placed: DilocoState) -> None:
