@@ -4,6 +4,7 @@
     python scripts/faults.py --cycles 20 --algos shadow --seed 3 --json faults.json
     python scripts/faults.py --out-cases          # the --out policy of 2-process runs
     python scripts/faults.py --ray-cases all      # kill -9 of PS0, raylet, GCS (twice), driver
+    python scripts/faults.py --processes 2 --cycles 10   # 2-process sync (jax.distributed)
 
 The body, and its full description: recjax/tools/faults.py.
 """

@@ -4,6 +4,7 @@
     python scripts/faults.py --cycles 20 --algos shadow --seed 3 --json faults.json
     python scripts/faults.py --out-cases          # the --out policy of 2-process runs
     python scripts/faults.py --ray-cases all      # kill -9 of PS0, raylet, GCS (twice), driver
+    python scripts/faults.py --processes 2 --cycles 10   # 2-process sync (jax.distributed)
 
 For each algorithm: one uninterrupted reference run, then the same run under faults. Each cycle
 starts the run (``--resume`` once a checkpoint exists), waits until it trains (a checkpoint newer
@@ -19,6 +20,14 @@ the cycles the run is resumed to its end. Reported per algorithm (issue 16's acc
   clock, ``--deterministic``); Train NE within 1e-6 (its float32 window sums are grouped by
   where the stops fell);
 * bad exits: a SIGINT/SIGTERM stop that did not exit 130, or printed a traceback.
+
+With ``--processes N`` the run is N processes under scripts/launch.py (``--algos sync`` or
+``des``; `MULTI`), each fault goes to one process chosen at random (SIGKILL, SIGTERM, or two
+SIGINTs), and each cycle also records how long the job took to end after it (``stopped_s``:
+a SIGTERM stops every process at one step with a checkpoint; after a kill -9 the others are
+stopped by jax.distributed's heartbeat, ``--spmd.heartbeat_timeout=10`` here, or launch.py's
+``--grace``). The bitwise check compares the final checkpoints' wsum32 checksums (the same
+for any layout, `recjax.checksum`) with an uninterrupted N-process run's.
 """
 
 import argparse
@@ -44,6 +53,12 @@ ALGOS = {  # the run under test: long enough for a fault to land in training or 
                "--train.ckpt_every=20"],
 }
 FAULTS = ["SIGKILL", "SIGINT", "SIGTERM", "double SIGINT"]
+MULTI = {  # --processes N: SPMD runs under launch.py (one device per process)
+    "sync": ["--algo", "sync", "--steps", "300", "--train.ckpt_every=20",
+             "--spmd.heartbeat_timeout=10"],
+    "des": ["--algo", "des", "--model", "deepfm", "--steps", "300", "--train.ckpt_every=20",
+            "--spmd.heartbeat_timeout=10"],
+}
 
 
 def committed(out: pathlib.Path) -> list[int]:
@@ -56,17 +71,40 @@ def saving(out: pathlib.Path) -> bool:
     return d.is_dir() and any("orbax-checkpoint-tmp" in p.name for p in d.iterdir())
 
 
-def launch(args: list[str], out: pathlib.Path, log: pathlib.Path) -> subprocess.Popen:
+def command(args: list[str], out: pathlib.Path, processes: int = 1) -> list[str]:
+    """The training command; with `processes` > 1, under scripts/launch.py."""
+    cmd = [sys.executable, TRAIN, *COMMON, *args, "--out", str(out)]
+    if processes == 1:
+        return cmd
+    return [sys.executable, str(SCRIPTS / "launch.py"), "--num-processes", str(processes),
+            "--grace", "30", "--", *cmd]
+
+
+def launch(args: list[str], out: pathlib.Path, log: pathlib.Path,
+           processes: int = 1) -> subprocess.Popen:
     resume = ["--resume"] if committed(out) else []
     f = open(log, "a")  # noqa: SIM115 (closed with the process by the caller)
-    return subprocess.Popen([sys.executable, TRAIN, *COMMON, *args, "--out", str(out), *resume],
-                            stdout=f, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(command([*args, *resume], out, processes), stdout=f,
+                            stderr=subprocess.STDOUT, text=True)
 
 
-def fault_cycle(args, out, log, rng, fault: str, moment: str, timeout: float) -> dict:
-    """One start and one fault; returns what happened."""
+def _process(launcher: subprocess.Popen, i: int) -> int | None:
+    """The pid of launch.py's process `i` (``--spmd.process_id=i``), None if it is not there."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for c in psutil.Process(launcher.pid).children():
+            if f"--spmd.process_id={i}" in c.cmdline():
+                return c.pid
+    return None
+
+
+def fault_cycle(args, out, log, rng, fault: str, moment: str, timeout: float,
+                processes: int = 1) -> dict:
+    """One start and one fault (to one process, chosen at random); returns what happened."""
     start = committed(out)
-    p = launch(args, out, log)
+    p = launch(args, out, log, processes)
+    victim = rng.randrange(processes)
     seen, t0, sent = list(start), time.monotonic(), False
     since = None  # when training was first seen
     while p.poll() is None and time.monotonic() - t0 < timeout:
@@ -79,22 +117,29 @@ def fault_cycle(args, out, log, rng, fault: str, moment: str, timeout: float) ->
                                   or (moment == "training" and time.monotonic() - since > delay)):
             seen = sorted(set(seen) | set(committed(out)))
             sig = signal.SIGKILL if fault == "SIGKILL" else getattr(signal, fault.split()[-1])
-            p.send_signal(sig)
+            pid = p.pid if processes == 1 else _process(p, victim)
+            if pid is None:  # (the job ended meanwhile)
+                break
+            os.kill(pid, sig)
             if fault == "double SIGINT":
                 time.sleep(0.05)
-                p.send_signal(signal.SIGINT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGINT)
             sent = True
             break
         time.sleep(0.002 if since is not None else 0.05)
+    t_sent = time.monotonic()
     try:
         code = p.wait(timeout)
     except subprocess.TimeoutExpired:
         p.kill()
         code = p.wait()
+    stopped_s = time.monotonic() - t_sent
     after = committed(out)
     text = log.read_text()
     last = text[text.rfind("=== cycle"):]
     return {"fault": fault if sent else None, "moment": moment, "exit": code,
+            **({"process": victim, "stopped_s": round(stopped_s, 1)} if processes > 1 else {}),
             "newest_before": max(seen, default=None), "newest_after": max(after, default=None),
             "lost": bool(seen) and (not after or after[-1] < max(seen)),
             # a stop that lands in the last interval may end the run (exit 0, summary written)
@@ -258,6 +303,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="", help="also write the report here")
     ap.add_argument("--out-cases", action="store_true",
                     help="instead: the --out policy of 2-process runs (issue 40 item 3)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="N > 1: SPMD runs of N processes under launch.py (--algos of "
+                         f"{', '.join(MULTI)}; default sync), a fault to one of them")
     ap.add_argument("--ray-cases", default="", metavar="VICTIMS",
                     help="instead: kill -9 of Ray's own processes during a GBA run on Ray, "
                          f"of {','.join(RAY_VICTIMS)} (or 'all'; issue 40 item 6)")
@@ -278,12 +326,17 @@ def main(argv=None) -> int:
         ok = rep["refused"] == len(rep["cases"]) and not rep["files_changed"]
         return 0 if ok and not rep["processes_left"] else 1
     report, ok = {}, True
-    for algo in a.algos.split(","):
-        args, base = ALGOS[algo], work / algo
+    n = a.processes
+    table = ALGOS if n == 1 else MULTI
+    algos = a.algos if n == 1 or a.algos != ",".join(ALGOS) else "sync"
+    for algo in algos.split(","):
+        if algo not in table:
+            raise SystemExit(f"--algos {algo}: with --processes {n} one of {', '.join(table)}")
+        args, base = table[algo], work / (algo if n == 1 else f"{algo}-{n}p")
         base.mkdir(parents=True, exist_ok=True)
         ref, out, log = base / "ref", base / "run", base / "run.log"
-        r = subprocess.run([sys.executable, TRAIN, *COMMON, *args, "--out", str(ref)],
-                           capture_output=True, text=True, timeout=a.timeout)
+        r = subprocess.run(command(args, ref, n), capture_output=True, text=True,
+                           timeout=a.timeout)
         if r.returncode:
             raise SystemExit(f"{algo}: the reference run failed:\n{r.stdout}\n{r.stderr}")
         cycles = []
@@ -291,7 +344,7 @@ def main(argv=None) -> int:
             with open(log, "a") as f:
                 f.write(f"\n=== cycle {i}\n")
             c = fault_cycle(args, out, log, rng, rng.choice(FAULTS),
-                            rng.choice(["training", "saving"]), a.timeout)
+                            rng.choice(["training", "saving"]), a.timeout, n)
             cycles.append(c)
             print(f"{algo} cycle {i}: {c}", flush=True)
             if c["completed"]:
@@ -299,7 +352,7 @@ def main(argv=None) -> int:
         if not (out / "summary.json").exists():  # resume to the end
             with open(log, "a") as f:
                 f.write("\n=== cycle final\n")
-            code = launch(args, out, log).wait(a.timeout)
+            code = launch(args, out, log, n).wait(a.timeout)
             if code:
                 raise SystemExit(f"{algo}: the final resume failed (exit {code}); see {log}")
         s_ref, s = (json.loads((d / "summary.json").read_text()) for d in (ref, out))
@@ -314,7 +367,10 @@ def main(argv=None) -> int:
                                                  for f in FAULTS},
             "during_saves": sum(c["moment"] == "saving" for c in faulted),
             "lost": sum(c["lost"] for c in cycles), "bad_exits": sum(c["bad_exit"] for c in cycles),
-            "bitwise_equal": bitwise, "train_ne_rel_diff": ne_rel, "log": str(log)}
+            "bitwise_equal": bitwise, "train_ne_rel_diff": ne_rel, "log": str(log),
+            **({"processes": n, "stopped_s_max": {
+                f: max((c["stopped_s"] for c in faulted if c["fault"] == f), default=None)
+                for f in FAULTS}} if n > 1 else {})}
         ok &= (bitwise and ne_rel < 1e-6 and not report[algo]["lost"]
                and not report[algo]["bad_exits"])
         print(f"{algo}: {json.dumps(report[algo])}", flush=True)
