@@ -262,7 +262,7 @@ def committed_steps(directory: str) -> list[int]:
 def claim_out(out: str, resume: bool = False) -> None:
     """The ``--out`` policy, the same for every process layout: take ``out/.lock`` (`lock_out`);
     a fresh run (not `resume`) refuses a directory that holds a run's checkpoints or the
-    summary.json of a finished one (a multi-process run writes no checkpoints), since it would
+    summary.json of a finished one, since it would
     overwrite that run's records beside them.
 
     Raises:

@@ -97,10 +97,9 @@ def exit_quietly(code: int) -> None:
 
 def graceful(fn: Callable) -> Callable:
     """Decorate a trainer's entry point: it runs under `stop_requests` and reads
-    `requested()` between its steps. A call with ``checkpoints=False`` keeps Python's default
-    signals: that is a multi-process run, whose processes have nothing to save, must not stop
-    at different steps, and must end at once on launch.py's SIGTERM when a peer is gone (one
-    stuck in a collective would never reach a step boundary)."""
+    `requested()` between its steps (a multi-process run: through ``agree``, so that all stop
+    at one step). A call with ``checkpoints=False`` keeps Python's default signals: a run with
+    nothing to save (a multi-process run without --out) ends at once on a SIGTERM."""
     import functools
 
     @functools.wraps(fn)

@@ -1,0 +1,190 @@
+"""The cost of multi-process checkpoints (issue 37): the async save's overhead per checkpoint
+interval, and the restore time of a checkpoint written by 2 processes into 1, 2 and 4.
+
+    python scripts/bench_pod.py [--config dlrm_kaggle] [--every 50] [--repeats 5]
+
+**Save** (one `scripts/launch.py` job of 2 processes, sync on ``data=2``): ``repeats``
+interleaved triples of K = ``--every`` training steps: A without a checkpoint, C with the
+trainer's stop check after each step (`agree_any`, one collective), and B with a checkpoint:
+B starts a save (`ShardedCheckpointer.save`: the state in the single-device layout on the
+devices, its wsum32s, orbax's copy off the devices; the write and commit go on in orbax's
+thread), trains its K steps meanwhile, and then waits for the commit and reads the step back
+(`finish`, which a run does when its next save starts). The overhead at that interval is
+``median(B) / median(A) - 1``, the stop check's ``median(C) / median(A) - 1``; also
+reported: the blocking part of each save and of each finish, and a step's median time.
+
+**Restore**: the last checkpoint of the save job read by 1 process (`Checkpointer`, one
+device: what ``--algo gba`` and a 1-device resume do), by 2 and by 4 processes
+(`ShardedCheckpointer` with the target's layout, then `SyncStrategy.place_restored` into the
+strategy's own layout), each ``--restore-repeats`` times; process 0's median seconds.
+
+Each process builds the full initial state on the host (as `scripts/train.py` does), so 4
+processes of dlrm_kaggle need about 4 x 3 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+ENV_KEY = "RECJAX_BENCH_POD"  # the worker's task, as JSON (set by `main` for launch.py's copies)
+
+
+def _worker(argv: list[str]) -> None:
+    """One process of a job: `task["mode"]` is save or restore; process 0 writes the result."""
+    import jax
+    import numpy as np
+
+    from algorithms.sync import SyncSetup, SyncStrategy
+    from recjax import cli
+    from recjax.checkpoint import Checkpointer
+    from recjax.checkpoint_sharded import ShardedCheckpointer, agree_any
+    from recjax.data.pipeline import batches
+    from recjax.train.data import open_data
+    from recjax.train.setup import build
+    from sharding import mesh
+
+    task = json.loads(os.environ[ENV_KEY])
+    cfg, _ = cli.parse(argv, "bench_pod worker")
+    n = mesh.init_runtime(cfg)
+    setup = SyncSetup.from_config(cfg, n)
+    data = open_data(cfg)
+    model, tx, sopt, state = build(cfg, data.spec)
+    strat = SyncStrategy(setup, model, tx, sopt)
+    directory = task["dir"]
+    lead = jax.process_index() == 0
+    result: dict = {"processes": jax.process_count(), "devices": n}
+    if task["mode"] == "restore":
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), state)
+        del state
+        times = []
+        for _ in range(task["repeats"]):
+            t = time.perf_counter()
+            if jax.process_count() == 1:
+                restored, _ = Checkpointer(directory).restore(like)
+                jax.block_until_ready(restored)
+            else:
+                restored, _ = ShardedCheckpointer(directory, setup.mesh).restore(like)
+                jax.block_until_ready(strat.place_restored(restored))
+            times.append(time.perf_counter() - t)
+            del restored
+        result |= {"restore_s": times, "restore_s_median": statistics.median(times)}
+    else:
+        s = strat.prepare(state)
+        del state
+        host = [b for b, _ in zip((b for b, _ in batches(
+            data.train, cfg.train.batch_size, seed=0, epoch=0, shuffle_buffer=0,
+            drop_remainder=True)), range(4))]
+        placed = [strat.put_batch(b) for b in host]
+        k, step = task["every"], 0
+        ckpt = ShardedCheckpointer(directory, setup.mesh, max_to_keep=2)
+
+        def steps(count: int, agree: bool = False) -> float:
+            nonlocal s, step
+            t = time.perf_counter()
+            for _ in range(count):
+                s, m = strat.train_step(s, placed[step % len(placed)])
+                step += 1
+                if agree:  # what the trainer does between steps (`recjax.train.loop`)
+                    agree_any(False)
+            jax.block_until_ready(m.loss)
+            return time.perf_counter() - t
+
+        def interval() -> tuple[float, float, float]:
+            t = time.perf_counter()
+            ckpt.save(step, strat.logical(s), {"config": {}})
+            blocking = time.perf_counter() - t
+            steps(k)
+            t_fin = time.perf_counter()
+            ckpt.finish()
+            return time.perf_counter() - t, blocking, time.perf_counter() - t_fin
+
+        steps(3)  # compile
+        interval()  # compile the layout and checksum functions
+        plain, with_ckpt, blocking, finish, agreed = [], [], [], [], []
+        for _ in range(task["repeats"]):
+            plain.append(steps(k))
+            agreed.append(steps(k, agree=True))
+            total, b, f = interval()
+            with_ckpt.append(total)
+            blocking.append(b)
+            finish.append(f)
+        ckpt.close()
+        a, b = statistics.median(plain), statistics.median(with_ckpt)
+        result |= {"every": k, "interval_plain_s": plain, "interval_with_save_s": with_ckpt,
+                   "save_blocking_s": blocking, "finish_s": finish,
+                   "interval_with_stop_check_s": agreed,
+                   "step_s_median": a / k, "overhead": b / a - 1,
+                   "stop_check_overhead": statistics.median(agreed) / a - 1,
+                   "save_blocking_s_median": statistics.median(blocking),
+                   "finish_s_median": statistics.median(finish)}
+    if lead:
+        pathlib.Path(task["result"]).write_text(json.dumps(result))
+
+
+def _job(processes: int, task: dict, args: list[str], timeout: float) -> dict:
+    from recjax.tools.launch import launch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        task = task | {"result": os.path.join(tmp, "result.json")}
+        env = os.environ | {ENV_KEY: json.dumps(task), "JAX_PLATFORMS": "cpu"}
+        env.pop("XLA_FLAGS", None)
+        cmd = [sys.executable, str(ROOT / "scripts" / "bench_pod.py"), "--worker", *args]
+        if processes == 1:
+            code = subprocess.run(cmd, env=env, timeout=timeout).returncode
+        else:
+            old = dict(os.environ)
+            os.environ.update(env)
+            try:
+                code = launch(cmd, processes, timeout=timeout)
+            finally:
+                os.environ.clear()
+                os.environ.update(old)
+        if code:
+            raise RuntimeError(f"bench_pod {task['mode']} with {processes} processes: exit {code}")
+        return json.loads(pathlib.Path(task["result"]).read_text())
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        _worker(argv[1:])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="dlrm_kaggle")
+    ap.add_argument("--every", type=int, default=50, help="steps per checkpoint interval (K)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--restore-repeats", type=int, default=3)
+    ap.add_argument("--restore-processes", default="1,2,4")
+    ap.add_argument("--timeout", type=float, default=3000.0)
+    ap.add_argument("--json", default="", help="also write the report here")
+    a, rest = ap.parse_known_args(argv)
+    args = ["--config", a.config, "--no-progress", *rest]
+    load = os.getloadavg()
+    with tempfile.TemporaryDirectory() as d:
+        report = {"config": a.config, "load_before": load,
+                  "save": _job(2, {"mode": "save", "dir": d, "every": a.every,
+                                   "repeats": a.repeats}, args, a.timeout)}
+        print(json.dumps(report["save"]), flush=True)
+        report["restore"] = []
+        for p in map(int, a.restore_processes.split(",")):
+            r = _job(p, {"mode": "restore", "dir": d, "repeats": a.restore_repeats}, args,
+                     a.timeout)
+            report["restore"].append(r)
+            print(json.dumps(r), flush=True)
+    report["load_after"] = os.getloadavg()
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
