@@ -172,8 +172,6 @@ def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
         raise ValueError("train.keep_best: a multi-process run keeps no out/best checkpoint yet; "
                          "drop --train.keep_best (early stopping alone works), or run the "
                          "evaluation of the checkpoints afterwards")
-    if multi and tc.resume and not tc.out:
-        raise ValueError("--resume needs the --out that holds the checkpoints")
     n = mesh.init_runtime(cfg)
     setup = setup_cls.from_config(cfg, n)  # every config error is raised here, before compiling
     lead = jax.process_index() == 0

@@ -53,7 +53,7 @@ def _compare(tmp_path, args, bitwise=True):
 def test_resume_without_out_refused_before_starting(tmp_path):
     """A multi-process --resume needs the --out holding its checkpoints (tests/test_pod_runs.py
     resumes them): without one it is an error before anything starts."""
-    cmd = [sys.executable, "scripts/train.py", *COMMON, "--algo", "des", "--resume",
+    cmd = [sys.executable, "scripts/train.py", "--config", "smoke", "--algo", "des", "--resume",
            "--spmd.num_processes=2", "--spmd.process_id=0", "--spmd.coordinator=127.0.0.1:1"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "--resume needs --out" in r.stderr, r.stderr[-2000:]
