@@ -6,8 +6,7 @@
 * `CheckpointLayout`: a sync or DES state trained two steps on its mesh, written in the
   single-device layout on the devices (`logical`), equals the host path (`unshard`) bit for
   bit, and placed back (`place_restored`) equals the state it came from bit for bit, for
-  every sharding type and both meshes; DiLoCo's `logical` equals its `unshard` to float
-  rounding (a mean over replicas summed in another order);
+  every sharding type and both meshes (DiLoCo's: tests/test_pod_runs.py, a bitwise resume);
 * a `ShardedCheckpointer` step written from arrays split over 8 devices reads back whole
   with the single-process `Checkpointer` (what ``--algo gba`` and a 1-device resume do), and
   split over another mesh with `ShardedCheckpointer`; an edited checksum is caught.
