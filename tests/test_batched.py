@@ -55,24 +55,6 @@ def test_more_calls_than_lanes_run_in_order_and_idle_lanes_leak_nothing():
     assert [float(d.get()[1][1]) for d in ds] == [1, 2, 3, 4, 5]
 
 
-def test_a_shared_argument_is_stacked_once_and_each_lane_reads_its_own_row():
-    """Five calls over two params objects (p0 p1 p0 p1 p0) in 16 lanes: the params are stacked
-    as 2 rows (a power of two, at most a quarter of the lanes), the five distinct xs as 16
-    (more than a quarter: every lane), and each call still gets ``p * x`` of its own p and x."""
-    p0, p1 = np.float32(2), np.float32(-3)
-    params = [p0, p1, p0, p1, p0]
-    xs = [np.full(2, i, np.float32) for i in range(5)]
-    index, stacked = batched._stacked(list(zip(params, xs)), 16)
-    assert stacked[0].shape == (2,) and stacked[1].shape == (16, 2)
-    np.testing.assert_array_equal(index[0, :5], [0, 1, 0, 1, 0])
-    with batched.batching() as b:
-        ds = [b.submit(TOY, 16, (p, x)) for p, x in zip(params, xs)]
-        got = [d.part(0).get() for d in ds]
-        assert b.calls == 1
-    for i, g in enumerate(got):  # 2*0, -3*1, 2*2, -3*3, 2*4
-        np.testing.assert_array_equal(g, [(2, -3)[i % 2] * i] * 2)
-
-
 def test_the_end_of_the_run_computes_every_call_still_pending():
     got = []
     with batched.batching() as b:

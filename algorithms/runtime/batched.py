@@ -10,12 +10,10 @@ workers costs one dispatch instead of W. The events and the versions read are th
 calls': only how the compute is executed changes.
 
 The batched program is a loop over the stacked calls (`lax.fori_loop` to the number pending,
-so one program of `lanes` slots serves any count) whose body is the plain function; an
-argument several calls share (the params version most of them read) is stacked once and each
-lane reads its row through an index (`_stacked`). Each call is computed as a plain call
-computes it, bit for bit (a `vmap` is as fast but rounds the dense gradients differently on
-XLA:CPU: its batched dot reduces in another order). So a run's numbers do not change, and
-the threads and Ray, which never batch, compute what they did.
+so one program of `lanes` slots serves any count) whose body is the plain function: each call
+is computed as a plain call computes it, bit for bit (a `vmap` is as fast but rounds the dense
+gradients differently on XLA:CPU: its batched dot reduces in another order). So a run's numbers
+do not change, and the threads and Ray, which never batch, compute what they did.
 """
 
 from __future__ import annotations
@@ -101,9 +99,8 @@ class Batcher:
         return d
 
     def program(self, key: tuple) -> Callable:
-        """``(n, index, *stacked args) -> stacked results``: ``fn`` on slots ``0..n-1`` of
-        `lanes` calls, one after the other in one jitted loop, lane i reading row
-        ``index[j, i]`` of stacked argument j (compiled once per run and row count)."""
+        """``(n, *stacked args) -> stacked results``: ``fn`` on slots ``0..n-1`` of `lanes`
+        stacked calls, one after the other in one jitted loop (compiled once per run)."""
         if key not in self._programs:
             fn, _ = key
             self._programs[key] = jax.jit(functools.partial(_loop, fn.__wrapped__))
@@ -115,8 +112,7 @@ class Batcher:
         lanes = key[1]
         for start in range(0, len(todo), lanes):
             chunk = todo[start:start + lanes]
-            index, stacked = _stacked([d.args for d in chunk], lanes)
-            out = self.program(key)(np.int32(len(chunk)), index, *stacked)
+            out = self.program(key)(np.int32(len(chunk)), *_stacked([d.args for d in chunk], lanes))
             outs, tree = jax.tree.flatten(jax.device_get(out))  # one transfer; lanes are views
             self.calls += 1
             self.lanes_used += len(chunk)
@@ -129,45 +125,35 @@ class Batcher:
             self.force(key)
 
 
-def _stacked(calls: list[tuple], lanes: int) -> tuple[np.ndarray, list]:
-    """``(index i32[args, lanes], stacked args)``: argument j of lane i is row ``index[j, i]``
-    of stacked argument j, which holds each distinct object of the calls once (the params
-    version most lanes read: its 74 KB are not copied 32 times and sent to the program).
-
-    The rows are padded (copies of the first) to a power of two up to a quarter of `lanes`, or
-    to `lanes`, so that a run compiles a handful of row counts; idle lanes read row 0."""
-    index = np.zeros((len(calls[0]), lanes), np.int32)
+def _stacked(calls: list[tuple], lanes: int) -> list:
+    """Each argument of `calls` stacked over `lanes` lanes (idle lanes: copies of the first
+    call). An object several calls share (the params version they read) is flattened once."""
+    calls = calls + [calls[0]] * (lanes - len(calls))
     out = []
     for j in range(len(calls[0])):
-        row: dict[int, int] = {}
-        objs = []
-        for i, c in enumerate(calls):
-            o = c[j]
-            if id(o) not in row:
-                row[id(o)] = len(objs)
-                objs.append(o)
-            index[j, i] = row[id(o)]
-        rows = 1
-        while rows < len(objs):
-            rows *= 2
-        if 4 * rows > lanes:
-            rows = lanes
-        flat = [jax.tree.flatten(o) for o in objs]
-        flat += [flat[0]] * (rows - len(objs))
-        out.append(jax.tree.unflatten(flat[0][1], [
-            np.stack([np.asarray(f[0][k]) for f in flat]) for k in range(len(flat[0][0]))]))
-    return index, out
+        objs = [c[j] for c in calls]
+        leaves: dict[int, list] = {}
+        for o in objs:
+            if id(o) not in leaves:
+                flat, tree = jax.tree.flatten(o)
+                leaves[id(o)] = [np.asarray(x) for x in flat]
+        if len(leaves) == 1:  # every lane reads the same object
+            stacked = [np.repeat(x[None], lanes, 0) for x in leaves[id(objs[0])]]
+        else:
+            per = [leaves[id(o)] for o in objs]
+            stacked = [np.stack([p[i] for p in per]) for i in range(len(per[0]))]
+        out.append(jax.tree.unflatten(tree, stacked))
+    return out
 
 
-def _loop(fn: Callable, n, index, *stacked):
-    """``fn`` on row ``index[j, i]`` of each of `stacked` (j) for i < n, into slot i of its
-    stacked results."""
-    first = [jax.tree.map(lambda x: x[0], s) for s in stacked]
-    lanes = index.shape[1]
+def _loop(fn: Callable, n, *stacked):
+    """``fn`` on slot i of each of `stacked` for i < n, into slot i of its stacked results."""
+    first = jax.tree.map(lambda x: x[0], stacked)
+    lanes = jax.tree.leaves(stacked)[0].shape[0]
     out = jax.tree.map(lambda s: jnp.zeros((lanes, *s.shape), s.dtype), jax.eval_shape(fn, *first))
 
     def body(i, acc):
-        got = fn(*(jax.tree.map(lambda x, j=j: x[index[j, i]], s) for j, s in enumerate(stacked)))
+        got = fn(*jax.tree.map(lambda x: x[i], stacked))
         return jax.tree.map(lambda a, g: a.at[i].set(g), acc, got)
 
     return jax.lax.fori_loop(0, n, body, out)
