@@ -402,6 +402,7 @@ class GbaServer:
                                      for name in e.rows})
             return
         cap = self.p.aggregate * rt.batch_size * rt.max_len  # fixed shapes: one compile
+        fixed = not self.tag.raw_ids  # a fixed table's update has at most V distinct ids
         rows: Rows = {}
         sums: dict[str, np.ndarray] = {}
         stale_all = []
@@ -436,7 +437,10 @@ class GbaServer:
                 summed /= touched[alive][:, None].astype(np.float32)
             else:
                 summed /= np.float32(n_entries)
-            padded = np.full(cap * len(t.field_index), t.num_embeddings, np.int64)
+            size = cap * len(t.field_index)  # a fixed table's ids are its V rows at most:
+            if fixed:  # padding past V would only add rows that push zero (issue 35)
+                size = min(size, t.num_embeddings)
+            padded = np.full(size, t.num_embeddings, np.int64)
             padded[:uniq.size] = uniq
             rows[t.name] = (padded, uniq.size)  # fixed M; the rows past uniq.size push zero
             sums[t.name] = summed

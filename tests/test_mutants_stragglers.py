@@ -135,3 +135,19 @@ def test_bad_specs_say_what_is_wrong(bad, match):
     """Each refusal names the term and what to write instead."""
     with pytest.raises(ValueError, match=match):
         stragglers.parse(bad, 2, seed=0)
+
+
+def test_the_slow_workers_are_drawn_per_seed_and_per_worker_count():
+    """``slow`` chooses its k workers from the seed, among the run's workers: over 10 seeds
+    at 32 workers (k = 3) the slow sets are not all one set and each holds 3 workers; an
+    8-worker model asked after a 32-worker one of the same seed still slows 3 of its own 8.
+    Kills a seed or a worker count left out of the draw or out of its cache (the draw is made
+    once per window, not once per call)."""
+    sets = [_slow_sets(_grid(stragglers.parse("slow:k=3,factor=8", 32, seed=s), 32, 2), 8.0)
+            for s in range(10)]
+    assert all(len(s[0]) == 3 and s[0] == s[1] for s in sets)
+    assert len({s[0] for s in sets}) > 1
+    for seed in range(5):
+        _grid(stragglers.parse("slow:k=3,factor=8", 32, seed=seed), 32, 1)
+        small = _slow_sets(_grid(stragglers.parse("slow:k=3,factor=8", 8, seed=seed), 8, 1), 8.0)
+        assert len(small[0]) == 3

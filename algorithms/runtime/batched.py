@@ -112,10 +112,7 @@ class Batcher:
         lanes = key[1]
         for start in range(0, len(todo), lanes):
             chunk = todo[start:start + lanes]
-            flat = [jax.tree.flatten(d.args) for d in chunk]
-            flat += [flat[0]] * (lanes - len(chunk))  # idle lanes: copies of the first call
-            leaves = [np.stack([np.asarray(f[0][i]) for f in flat]) for i in range(len(flat[0][0]))]
-            out = self.program(key)(np.int32(len(chunk)), *jax.tree.unflatten(flat[0][1], leaves))
+            out = self.program(key)(np.int32(len(chunk)), *_stacked([d.args for d in chunk], lanes))
             outs, tree = jax.tree.flatten(jax.device_get(out))  # one transfer; lanes are views
             self.calls += 1
             self.lanes_used += len(chunk)
@@ -126,6 +123,27 @@ class Batcher:
         """Run every pending call (the run ended: in-flight batches' metrics are read)."""
         for key in list(self.pending):
             self.force(key)
+
+
+def _stacked(calls: list[tuple], lanes: int) -> list:
+    """Each argument of `calls` stacked over `lanes` lanes (idle lanes: copies of the first
+    call). An object several calls share (the params version they read) is flattened once."""
+    calls = calls + [calls[0]] * (lanes - len(calls))
+    out = []
+    for j in range(len(calls[0])):
+        objs = [c[j] for c in calls]
+        leaves: dict[int, list] = {}
+        for o in objs:
+            if id(o) not in leaves:
+                flat, tree = jax.tree.flatten(o)
+                leaves[id(o)] = [np.asarray(x) for x in flat]
+        if len(leaves) == 1:  # every lane reads the same object
+            stacked = [np.repeat(x[None], lanes, 0) for x in leaves[id(objs[0])]]
+        else:
+            per = [leaves[id(o)] for o in objs]
+            stacked = [np.stack([p[i] for p in per]) for i in range(len(per[0]))]
+        out.append(jax.tree.unflatten(tree, stacked))
+    return out
 
 
 def _loop(fn: Callable, n, *stacked):

@@ -17,6 +17,7 @@ modelled compute time) see the same slowdowns, and a rerun with the same seed re
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -70,14 +71,21 @@ class StragglerModel:
                     f *= t.get("factor")
         return f
 
-    def _chosen(self, term: int, window: int, k: int) -> set[int]:
-        rng = np.random.default_rng([self.seed, 23, term, window])
-        k = min(max(k, 0), self.num_workers)
-        return set(rng.choice(self.num_workers, size=k, replace=False).tolist())
+    def _chosen(self, term: int, window: int, k: int) -> frozenset[int]:
+        return _choice(self.seed, term, window, self.num_workers, k)
 
     @property
     def active(self) -> bool:
         return any(t.kind != "none" for t in self.terms)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choice(seed: int, term: int, window: int, num_workers: int, k: int) -> frozenset[int]:
+    """The `k` workers a slow/shift term slows in `window`: drawn once, not once per call (the
+    virtual clock asks for every worker's factor at every iteration; issue 35)."""
+    rng = np.random.default_rng([seed, 23, term, window])
+    k = min(max(k, 0), num_workers)
+    return frozenset(rng.choice(num_workers, size=k, replace=False).tolist())
 
 
 def parse(spec: str, num_workers: int, seed: int) -> StragglerModel:
