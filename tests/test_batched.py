@@ -62,6 +62,20 @@ def test_the_end_of_the_run_computes_every_call_still_pending():
     assert d.done and b.calls == 1 and float(got[0][0][0]) == 7  # its metrics are read later
 
 
+def test_a_function_s_batched_program_is_compiled_once_for_every_run_of_the_clock():
+    # each checkpoint interval of a run is a virtual-clock run with a batcher of its own,
+    # calling the runtime's one jitted gradient function
+    fn = jax.jit(lambda p, x: (p * x, p - x))
+    progs = []
+    for _ in range(2):
+        with batched.batching() as b:
+            d = b.submit(fn, 2, (np.float32(3), np.ones(2, np.float32)))
+            np.testing.assert_array_equal(d.part(1).get(), [2, 2])
+            progs.append(b.program((fn, 2)))
+    assert progs[0] is progs[1]
+    assert progs[0]._cache_size() == 1  # one compilation for both runs
+
+
 def test_calls_of_another_function_or_width_are_not_batched_together():
     other = jax.jit(lambda p, x: (p - x, p))
     with batched.batching() as b:

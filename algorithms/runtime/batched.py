@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,12 +81,15 @@ def resolve(x: Any) -> Any:
     return x.get() if isinstance(x, (Deferred, Part)) else x
 
 
+# fn (a runtime's jitted function) -> its batched program; an entry goes with its function
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Batcher:
     """The pending calls of one virtual-clock run and the batched programs that run them."""
 
     def __init__(self):
         self.pending: dict[tuple, list[Deferred]] = {}
-        self._programs: dict[tuple, Callable] = {}
         self.calls = 0  # batched calls made (benchmarks)
         self.lanes_used = 0  # lanes of those holding a real call
 
@@ -100,11 +104,13 @@ class Batcher:
 
     def program(self, key: tuple) -> Callable:
         """``(n, *stacked args) -> stacked results``: ``fn`` on slots ``0..n-1`` of `lanes`
-        stacked calls, one after the other in one jitted loop (compiled once per run)."""
-        if key not in self._programs:
-            fn, _ = key
-            self._programs[key] = jax.jit(functools.partial(_loop, fn.__wrapped__))
-        return self._programs[key]
+        stacked calls, one after the other in one jitted loop (compiled once per `fn` and
+        shapes: every checkpoint interval of a run, each a virtual-clock run of its own, uses
+        the runtime's one `fn`, so its program is compiled once for the whole run)."""
+        fn, _ = key
+        if fn not in _PROGRAMS:
+            _PROGRAMS[fn] = jax.jit(functools.partial(_loop, fn.__wrapped__))
+        return _PROGRAMS[fn]
 
     def force(self, key: tuple) -> None:
         """Run every call pending under `key`, `lanes` at a time in the order submitted."""
