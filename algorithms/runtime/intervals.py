@@ -17,11 +17,10 @@ again. What an algorithm keeps beyond the train state goes into the checkpoint w
 next interval as the checkpoint holds it (`Runtime.restore_own`). What lives only in the roles
 restarts at each checkpoint, as on every ``--resume``: the virtual clock and the links from
 zero, the workers' iteration counts (and the straggler draws keyed by them), FR's sync-gap
-count. So an interval goes on exactly
-as a ``--resume`` from its checkpoint would, and with ``--deterministic`` a run killed at any
-moment and resumed equals the uninterrupted one bit for bit (tests/test_intervals.py). The
-summary's counters are the whole run's: each checkpoint's progress carries the additive ones
-(`Runtime.counts`, `contract.add_counts`).
+count. So an interval goes on exactly as a ``--resume`` from its checkpoint would, and with
+``--deterministic`` a run killed at any moment and resumed equals the uninterrupted one bit for
+bit (tests/test_intervals.py). The summary's counters are the whole run's: each checkpoint's
+progress carries the additive ones (`Runtime.counts`, `contract.add_counts`).
 
 Signals: in threads the first SIGINT/SIGTERM stops the roles and checkpoints their state
 (`Runtime.execute`); on the virtual clock it lets the interval finish and checkpoint, and a
@@ -52,11 +51,12 @@ def run(cfg: Config, num_workers: int, interval: Callable[[Runtime], dict],
         try:
             while True:
                 out = interval(rt)
-                if not rt.next_interval():
+                if rt.carry is None:  # the run's end (or --train.stop_after)
                     return out
-                if stop.count:
+                if stop.count:  # a signal came during the interval: it is checkpointed
                     print(f"stopped at step {out['steps']}; resume with --resume --out "
                           f"{cfg.train.out}")
                     raise KeyboardInterrupt
+                rt.next_interval()
         finally:
             rt.close()
