@@ -67,7 +67,7 @@ import numpy as np
 from recjax.features import FeatureSpec
 from recjax.models.config import ModelConfig
 from recjax.models.ops import MLP, check_inputs, mlp_options
-from recjax.models.sequence import sequences
+from recjax.models.sequence import required_sequences
 
 LN_EPS = 1e-5  # PyTorch's LayerNorm default (Flax's is 1e-6)
 LEAKY_SLOPE = 0.01  # LeakyReLU's negative slope (the paper gives none; PyTorch's and JAX's default)
@@ -118,16 +118,7 @@ class BST(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, spec: FeatureSpec) -> BST:
-        seqs = sequences(spec, "bst")
-        if not seqs:
-            raise ValueError(
-                "bst: the data has no behaviour sequence (position fields NAME@0..NAME@{L-1}); "
-                "read a multi-hot field as one with --data seq:KIND:PATH (e.g. "
-                "seq:taobao:taobao_ad_tiny/train_sample.csv), or use --data synthetic-seq")
-        lengths = {len(s.positions) for s in seqs}
-        if len(lengths) != 1:
-            raise ValueError(f"bst: the sequences {[s.name for s in seqs]} have different lengths "
-                             f"{sorted(lengths)}; give them one --data.multi_hot_len")
+        seqs = required_sequences(spec, "bst")
         d = len(seqs) * cfg.embed_dim + cfg.bst_pos_dim
         if d % cfg.bst_heads:
             raise ValueError(

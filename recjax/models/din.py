@@ -60,7 +60,7 @@ import numpy as np
 from recjax.features import FeatureSpec
 from recjax.models.config import ModelConfig
 from recjax.models.ops import MLP, check_inputs, mlp_options
-from recjax.models.sequence import sequences
+from recjax.models.sequence import required_sequences
 
 PRELU_INIT = 0.25  # He et al. 2015; torch.nn.PReLU's default
 
@@ -116,16 +116,7 @@ class DIN(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, spec: FeatureSpec) -> DIN:
-        seqs = sequences(spec, "din")
-        if not seqs:
-            raise ValueError(
-                "din: the data has no behaviour sequence (position fields NAME@0..NAME@{L-1}); "
-                "read a multi-hot field as one with --data seq:KIND:PATH (e.g. "
-                "seq:taobao:taobao_ad_tiny/train_sample.csv), or use --data synthetic-seq")
-        lengths = {len(s.positions) for s in seqs}
-        if len(lengths) != 1:
-            raise ValueError(f"din: the sequences {[s.name for s in seqs]} have different lengths "
-                             f"{sorted(lengths)}; give them one --data.multi_hot_len")
+        seqs = required_sequences(spec, "din")
         return cls(n_fields=spec.n_fields, n_dense=spec.n_dense, embed_dim=cfg.embed_dim,
                    positions=tuple(s.positions for s in seqs),
                    targets=tuple(s.target for s in seqs), att_mlp=cfg.att_mlp,

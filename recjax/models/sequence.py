@@ -53,6 +53,25 @@ class Sequence:
     target: int
 
 
+def required_sequences(spec: FeatureSpec, model: str) -> tuple[Sequence, ...]:
+    """`sequences` of `spec` for a sequence model, which needs one at least, all of one length.
+
+    Raises:
+      ValueError: no sequence, or sequences of different lengths (both named for `model`).
+    """
+    seqs = sequences(spec, model)
+    if not seqs:
+        raise ValueError(
+            f"{model}: the data has no behaviour sequence (position fields NAME@0..NAME@{{L-1}}); "
+            "read a multi-hot field as one with --data seq:KIND:PATH (e.g. "
+            "seq:taobao:taobao_ad_tiny/train_sample.csv), or use --data synthetic-seq")
+    lengths = {len(s.positions) for s in seqs}
+    if len(lengths) != 1:
+        raise ValueError(f"{model}: the sequences {[s.name for s in seqs]} have different "
+                         f"lengths {sorted(lengths)}; give them one --data.multi_hot_len")
+    return seqs
+
+
 def sequences(spec: FeatureSpec, model: str = "din") -> tuple[Sequence, ...]:
     """The behaviour sequences of `spec`, in order of their first position.
 
