@@ -38,9 +38,8 @@ import jax
 import numpy as np
 
 from algorithms.tools.bench import _recjax_runner
-from algorithms.tools.bench_gpu import interleaved
+from algorithms.tools.bench_gpu import _pipeline_only_runner, interleaved
 from recjax import configs
-from recjax.concurrency import Prefetcher
 from recjax.data.columnar import ParquetSource
 from recjax.data.pipeline import batches
 from recjax.data.synthetic import SyntheticSource
@@ -74,18 +73,6 @@ def _epochs(src, b: int):
             yield batch
 
 
-def _alone(src, b: int):
-    feed = Prefetcher(_epochs(src, b), depth=4, transform=jax.device_put)
-
-    def run(n):
-        x = None
-        for _ in range(n):
-            x = next(feed)
-        jax.block_until_ready(x)
-
-    return run, feed.close
-
-
 def _staged(src, b: int, n: int = 8) -> list:
     return [jax.device_put(x) for x in itertools.islice(_epochs(src, b), n)]
 
@@ -103,7 +90,7 @@ def feed(b: int, repeats: int, steps: int, rows: int, workers: int, buckets: int
         "parquet: staged batches": lambda: _recjax_runner(cfg, pq(), staged_pq, pipeline=False),
         f"parquet: real pipeline ({workers} threads)": lambda: _recjax_runner(
             cfg, pq(), staged_pq, pipeline=True),
-        f"parquet: pipeline alone ({workers} threads)": lambda: _alone(pq(), b),
+        f"parquet: pipeline alone ({workers} threads)": lambda: _pipeline_only_runner(pq(), b, _epochs),
     }
     refs = {k: "parquet: staged batches" for k in makers}
     if synthetic:

@@ -55,8 +55,10 @@ REF = "plain-JAX reference"
 DRAIN = 4  # untimed steps before each timed repeat (= the prefetch depth)
 
 
-def _pipeline_only_runner(src, batch_size):
-    feed = Prefetcher(_stream(src, batch_size), depth=4, transform=jax.device_put)
+def _pipeline_only_runner(src, batch_size, stream=_stream):
+    """The input pipeline alone (no train step): ``(run(n): n batches onto the device,
+    close)``; `stream` makes the batches of `src` (bench.py's synthetic stream by default)."""
+    feed = Prefetcher(stream(src, batch_size), depth=4, transform=jax.device_put)
 
     def run(n):
         x = None
