@@ -16,6 +16,16 @@ import dataclasses
 RAW_VOCAB = 2**63 - 1
 
 POSITION_SEP = "@"  # position field name: f"{sequence}@{position}" (recjax.models.sequence)
+
+
+def position_of(name: str) -> tuple[str, int] | None:
+    """``(sequence, position)`` when `name` names a position of a behaviour sequence
+    (``NAME@i``: a non-empty name, the separator, decimal digits), else None: ``price@usd`` or
+    ``@3`` are ordinary field names."""
+    seq, sep, pos = name.rpartition(POSITION_SEP)
+    if sep and seq and pos.isdigit() and pos.isascii():
+        return seq, int(pos)
+    return None
 POOLINGS = ("sum", "mean")  # over the ids of a multi-hot field (embed.pooling, FieldSpec.pooling)
 
 
@@ -104,7 +114,7 @@ class FeatureSpec:
         """Whether a batch of this spec carries a mask: some field is multi-hot, or holds a
         position of a behaviour sequence (``NAME@i``, one-hot with mask 0 past the example's
         length: `recjax.models.sequence`)."""
-        return self.multi_hot or any(POSITION_SEP in f.name for f in self.fields)
+        return self.multi_hot or any(position_of(f.name) for f in self.fields)
 
     def field(self, name: str) -> FieldSpec:
         for f in self.fields:

@@ -33,3 +33,17 @@ def test_the_abstract_batch_is_shaped_as_the_real_one(train):
     assert jax.tree.structure(traced) == jax.tree.structure(real)
     assert shapes(traced) == shapes(real)
     assert (real.mask is not None) == (train != "synthetic")
+
+
+@pytest.mark.parametrize("name, masked", [
+    ("click@0", True), ("click@12", True), ("a@b@3", True),
+    ("price@usd", False), ("@3", False), ("click@", False), ("click@3x", False), ("click@٣", False),
+])
+def test_only_position_names_make_a_spec_masked(name, masked):
+    """A one-hot field carries a mask only as a sequence position ``NAME@i``; any other name
+    with an ``@`` (a CSV column ``price@usd``) is an ordinary field, as the readers treat it."""
+    from recjax.features import FeatureSpec, FieldSpec, position_of
+
+    spec = FeatureSpec((), (FieldSpec("user", 10), FieldSpec(name, 10)))
+    assert spec.masked is masked
+    assert (position_of(name) is not None) is masked

@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from recjax.batch import Chunk
-from recjax.features import POSITION_SEP, FeatureSpec, FieldSpec
+from recjax.features import POSITION_SEP, FeatureSpec, FieldSpec, position_of
 
 SEP = POSITION_SEP  # position field name = f"{sequence}{SEP}{position}"
 
@@ -82,9 +82,9 @@ def sequences(spec: FeatureSpec, model: str = "din") -> tuple[Sequence, ...]:
     """
     by_seq: dict[str, dict[int, int]] = {}
     for i, f in enumerate(spec.fields):
-        seq, sep, pos = f.name.rpartition(SEP)
-        if sep and seq and pos.isdigit():
-            by_seq.setdefault(seq, {})[int(pos)] = i
+        at = position_of(f.name)
+        if at:
+            by_seq.setdefault(at[0], {})[at[1]] = i
     out = []
     for seq, pos in by_seq.items():
         if sorted(pos) != list(range(len(pos))):
