@@ -14,7 +14,9 @@ EPYC, jax 0.10.2), with three runs added on 2026-11-27 (``record --only NAMES --
 the set had nothing: GBA's per-id rule firing, DiLoCo, DCN-v2. ``shadow-ckpt`` was
 re-recorded once for a named fix that changed only its ``data_rows_read``: a host-async run's
 checkpoint intervals share one runtime, so the rows read cover every interval of the process,
-not the last one only (algorithms/runtime/intervals.py).
+not the last one only (algorithms/runtime/intervals.py). Every run was re-recorded once to add
+two summary fields of a synthetic teacher's eval, ``eval_kl_to_bayes`` and ``eval_excess_ne``
+(recjax/train/contract.py): every other value and every predictions.csv hash was unchanged.
 """
 
 from __future__ import annotations

@@ -202,3 +202,28 @@ def test_fresh_run_refuses_an_out_dir_with_checkpoints(tmp_path):
     run(_smoke(tmp_path, steps=5))
     with pytest.raises(ValueError, match="already holds checkpoints"):
         run(_smoke(tmp_path, steps=5))
+
+
+def test_eval_against_the_teachers_probabilities(tmp_path):
+    """On a synthetic teacher's eval split, eval_kl_to_bayes is the mean KL(p* || p) of the
+    model's probabilities p (predictions.csv) against the teacher's true p* (scipy's rel_entr
+    on probabilities, an independent formula), eval_excess_ne that over H(ctr), and on these
+    rows the label-based gap eval_ne_gap_to_bayes is close to it (the labels' noise apart)."""
+    from scipy.special import rel_entr
+
+    run(_smoke(tmp_path, steps=30, save_predictions=True))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    preds = np.loadtxt(tmp_path / "predictions.csv", delimiter=",", skiprows=1)
+    y, p_star = SyntheticSource(PRESETS["smoke"], "eval").labels_and_bayes_probs()
+    np.testing.assert_array_equal(preds[:, 0], y)
+    q = preds[:, 1]  # written with 7 significant digits
+    kl = np.mean(rel_entr(p_star, q) + rel_entr(1 - p_star, 1 - q))
+    assert summary["eval_kl_to_bayes"] == pytest.approx(kl, rel=1e-5)
+    ctr = y.mean()
+    h = -(ctr * np.log(ctr) + (1 - ctr) * np.log(1 - ctr))
+    assert summary["eval_excess_ne"] == pytest.approx(kl / h, rel=1e-5)
+    assert summary["eval_excess_ne"] > 0
+    assert abs(summary["eval_excess_ne"] - summary["eval_ne_gap_to_bayes"]) < 0.05
+    evals = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kl_to_bayes"] for r in evals if r["kind"] == "eval"][-1] == summary[
+        "eval_kl_to_bayes"]

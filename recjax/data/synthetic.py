@@ -333,10 +333,22 @@ class SyntheticSource:
 
         return gather(self.chunk_sizes(), read, positions)
 
+    KEEP_BAYES_ROWS = 4_000_000  # splits up to this many rows keep (labels, p*) once made
+
     def labels_and_bayes_probs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Labels of this split and the Bayes-optimal p*(x) of each example, in stream order."""
+        """Labels of this split and the Bayes-optimal p*(x) of each example, in stream order
+        (generated once and kept for a split of at most `KEEP_BAYES_ROWS` rows: each eval of
+        a run scores against them)."""
+        kept = self.__dict__.get("_bayes")
+        if kept is not None:
+            return kept
         pairs = list(self._stream())
-        return (np.concatenate([c.label for c, _ in pairs]), np.concatenate([p for _, p in pairs]))
+        out = (np.concatenate([c.label for c, _ in pairs]), np.concatenate([p for _, p in pairs]))
+        for a in out:
+            a.setflags(write=False)
+        if self.num_rows <= self.KEEP_BAYES_ROWS:
+            self._bayes = out
+        return out
 
     def bayes_optimal(self) -> dict:
         """Metrics of the Bayes-optimal predictor p* on this split's examples."""

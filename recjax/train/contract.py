@@ -373,10 +373,20 @@ def restore_extra(ckpt: Checkpointer | None, step: int, like: Any, who: str) -> 
 
 
 def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:
-    """Eval metrics over the whole eval set in input order, and (labels, probs) if asked."""
+    """Eval metrics over the whole eval set in input order, and (labels, probs) if asked.
+
+    On a synthetic teacher's eval split (every row, in order) the metrics also hold
+    ``kl_to_bayes``: the mean over the eval rows of KL(p*(x) || p(x)), the model's expected log
+    loss above the Bayes-optimal predictor's, scored against the teacher's true probabilities
+    instead of the sampled labels, so two models compared on the same rows differ by it without
+    the labels' noise (issue 35's paired studies).
+    """
     exact = data.eval_rows <= 20_000_000
     rm = metrics.RunningMetrics(keep_predictions=exact)
     preds = [] if cfg.train.save_predictions else None
+    teacher = (isinstance(data.eval, SyntheticSource) and cfg.synthetic.teacher
+               and data.keep_eval is None)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
     stream = batches(data.eval, cfg.train.eval_batch_size, seed=cfg.train.seed, epoch=0,
                      shuffle_buffer=0, drop_remainder=False, keep=data.keep_eval)
     for batch, n in stream:
@@ -384,8 +394,34 @@ def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict,
         rm.update(batch.label[:n], logits)
         if preds is not None:
             preds.append(np.stack([batch.label[:n], sigmoid(logits)], 1))
+        if teacher:
+            seen.append((np.asarray(batch.label[:n]), logits))
     out = rm.result()
+    if teacher:
+        out.update(_against_teacher(data.eval, seen))
     return out, (np.concatenate(preds) if preds is not None else None)
+
+
+def _against_teacher(source: SyntheticSource, seen: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+    """``kl_to_bayes`` (see `evaluate`) of the logits `seen` on `source`'s rows.
+
+    KL(p* || q) with q = sigmoid(z), from the logits (log q = -softplus(-z), log(1 - q) =
+    -softplus(z)): ``p* softplus(-z) + (1 - p*) softplus(z) - H(p*)``, in float64.
+
+    Raises:
+      AssertionError: the eval stream's labels are not the split's in order (the two would
+        be scored against different rows).
+    """
+    y, p = source.labels_and_bayes_probs()
+    labels = np.concatenate([s[0] for s in seen]) if seen else np.zeros(0)
+    z = np.concatenate([s[1] for s in seen]).astype(np.float64) if seen else np.zeros(0)
+    assert labels.shape == y.shape and np.array_equal(labels, y), (
+        "evaluate: the eval stream is not the teacher split's rows in order")
+    p = p.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -(np.where(p > 0, p * np.log(p), 0.0) + np.where(p < 1, (1 - p) * np.log1p(-p), 0.0))
+    kl = p * np.logaddexp(0.0, -z) + (1 - p) * np.logaddexp(0.0, z) - h
+    return {"kl_to_bayes": float(kl.mean()) if kl.size else float("nan")}
 
 
 def write_predictions(path: str, preds: np.ndarray) -> None:
@@ -461,6 +497,11 @@ def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progr
         bayes = data.eval.bayes_optimal()
         summary.update(bayes_eval_ne=bayes["ne"], bayes_eval_auc=bayes["auc"],
                        eval_ne_gap_to_bayes=ev["ne"] - bayes["ne"])
+        if "kl_to_bayes" in ev:  # the expected NE gap: KL / H(ctr), as NE = log loss / H(ctr)
+            ctr = ev["ctr"]
+            h = -(ctr * np.log(ctr) + (1 - ctr) * np.log1p(-ctr))
+            summary.update(eval_kl_to_bayes=ev["kl_to_bayes"],
+                           eval_excess_ne=ev["kl_to_bayes"] / h)
     return summary
 
 
