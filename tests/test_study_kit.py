@@ -186,7 +186,9 @@ def test_a_bad_study_file_is_one_error_line(tmp_path, capsys):
     GBA study file; 8 of them ended in a traceback. Each is now one line naming the file (and
     the line of a syntax error), exit 2; a NaN effect, which passed silently, is refused."""
     src = (ROOT / "scripts" / "studies" / "gba.py").read_text()
-    cases = {"syntax": (src.replace("MODES = (", "MODES = ((", 1), ":21: '(' was never closed"),
+    line = src[:src.index("MODES = (")].count("\n") + 1
+    cases = {"syntax": (src.replace("MODES = (", "MODES = ((", 1),
+                        f":{line}: '(' was never closed"),
              "nan": (src.replace("WITHIN = 0.001", "WITHIN = float('nan')"), "finite number"),
              "none": (src.replace("STUDY = Study(", "OTHER = Study("), "defines STUDY"),
              "ref": (src.replace('reference="single"', 'reference="x"'), "the reference 'x'")}

@@ -13,17 +13,17 @@ STUDY = load(str(ROOT / "scripts" / "studies" / "persia.py"))
 
 
 def test_the_claims_carry_table_2_and_sec_6_3():
-    effects = {(c.arm, c.reference, c.datasets): c.effect for c in STUDY.claims}
-    # Table 2, async (XDL) - sync: Criteo 80.01 - 80.51, Avazu 77.10 - 78.02, Taobao 65.66 - 65.93
-    assert effects[("async", "sync", ("criteo",))] == -0.0050
-    assert effects[("async", "sync", ("avazu",))] == -0.0092
-    assert effects[("async", "sync", ("taobao",))] == -0.0027
-    # async - hybrid: Avazu 77.10 - 77.93; synthetic stands in for Kwai-Video (72.16 - 72.63)
-    assert effects[("async", "hybrid", ("avazu",))] == -0.0083
+    effects = {(c.arm, c.reference, c.datasets): c.effect for c in STUDY.claims
+               if c.scale == "diff"}
+    # Table 2 on the synthetic task, which stands in for Kwai-Video (async 72.16, hybrid 72.63,
+    # sync 72.63): async - sync and async - hybrid -0.0047
+    assert effects[("async", "sync", ("synthetic",))] == -0.0047
     assert effects[("async", "hybrid", ("synthetic",))] == -0.0047
+    # the samples (400-500 eval rows, AUC SE ~0.03) are reported, not scored (issue 35)
+    assert all(c.datasets in (("synthetic",), ()) for c in STUDY.claims)
     within = next(c for c in STUDY.claims if c.kind == "within")
     assert (within.arm, within.reference, within.effect, within.datasets) == ("hybrid", "sync",
-                                                                             0.001, ())
+                                                                             0.001, ("synthetic",))
     speed = {(c.arm, c.reference): c for c in STUDY.claims if c.scale == "ratio"}
     assert speed[("hybrid", "sync")].effect == 2.6 and speed[("async", "hybrid")].effect == 1.2
     assert {c.metric for c in speed.values()} == {"examples_per_sec"}
@@ -65,6 +65,22 @@ def test_each_dataset_and_arm_gets_the_papers_settings():
     assert _cfg("criteo", "lru_roomy").embed.capacity == 4 * 1960
     tb = _cfg("taobao", "hybrid")
     assert (tb.train.batch_size, tb.train.epochs) == (32, 10)
+    # full size: the samples keep 2 NN workers and 4 embedding workers
+    fc = runner.segment_config(STUDY, STUDY.sizes["full"], runner.dataset_overrides(STUDY, "criteo"),
+                               STUDY.arm("async"), 0, "/tmp/x", 0, False, "criteo")
+    assert (fc.persia.nn_workers, fc.persia.embedding_workers, fc.train.batch_size) == (2, 4, 128)
+
+
+def test_the_full_size_is_the_papers_scale():
+    """Issue 35: 16 NN workers, 8 embedding workers, tau in {0, 4, 16}, >= 1M eval rows."""
+    f = runner.segment_config(STUDY, STUDY.sizes["full"], runner.dataset_overrides(STUDY, "synthetic"),
+                              STUDY.arm("async"), 0, "/tmp/x", 0, False, "synthetic")
+    assert (f.persia.nn_workers, f.persia.embedding_workers, f.persia.staleness) == (16, 8, 4)
+    assert (f.train.batch_size, f.synthetic.n_train, f.synthetic.n_eval) == (
+        1024, 400 * 1024, 1_000_000)
+    assert [a.name for a in STUDY.arms_for("synthetic", "full")] == [
+        "hybrid", "sync", "async", "tau=0", "tau=4", "tau=16"]
+    assert len(STUDY.sizes["full"].seeds) >= 6
 
 
 @pytest.mark.slow  # ~30 s: the real algorithms at the smoke size, in a subprocess

@@ -76,8 +76,24 @@ def test_each_arm_gets_the_papers_settings():
     fr = _cfg("S-EASGD", "frappe")
     assert (fr.model.name, fr.model.deep_mlp, fr.train.epochs, fr.train.batch_size) == (
         "deepfm", (64, 32), 1, 128)
-    assert _cfg("S-EASGD", "frappe", "full").train.epochs == 3
+    full = _cfg("S-EASGD", "frappe", "full")  # one pass (the paper's), 4 trainers of 2 workers
+    assert (full.train.epochs, full.runtime.trainers, full.runtime.workers_per_trainer) == (1, 4, 2)
     assert _cfg("S-EASGD", "frappe", "smoke").train.steps == 16
+
+
+def test_the_full_size_is_the_papers_scale_with_matched_sync_gaps():
+    """Issue 35: 16 trainers, >= 6 seeds, >= 1M eval rows; S's pause gives it FR's gap (about
+    5 for S-EASGD against FR k = 5, 10 for S-MA / S-BMUF against FR k = 10: 2.56 ms per worker
+    iteration of 128 rows at 20 us, 2 workers a trainer, so ~1.28 ms per trainer iteration)."""
+    s = _cfg("S-EASGD", size="full")
+    assert (s.runtime.trainers, s.runtime.workers_per_trainer, s.synthetic.n_eval) == (
+        16, 2, 1_000_000)
+    assert len(STUDY.sizes["full"].seeds) >= 6
+    for arm, k in (("S-EASGD", 5), ("S-MA", 10), ("S-BMUF", 10)):
+        pause = _cfg(arm, size="full").shadowsync.shadow_interval_ms
+        assert abs(pause / 1.28 - k) / k < 0.05, (arm, pause)
+    assert _cfg("FR-EASGD k=5", size="full").runtime.trainers == 16
+    assert _cfg("S-EASGD n=2", size="full").runtime.trainers == 2  # the sweep sets its own
 
 
 def test_the_sync_link_carries_one_exchange_per_two_iterations():
