@@ -40,7 +40,8 @@ from recjax.config import Config
 
 def make_rule(cfg: Config) -> sync_rules.SyncRule:
     rc = cfg.shadowsync
-    return sync_rules.SyncRule(rc.sync, rc.alpha, rc.bmuf_lr, rc.bmuf_momentum, rc.nesterov)
+    return sync_rules.SyncRule(rc.sync, rc.alpha, rc.bmuf_lr, rc.bmuf_momentum, rc.nesterov,
+                               sequential=rc.easgd_form == "sequential")
 
 
 class Syncer:

@@ -5,8 +5,9 @@ Distributed Training", arXiv 2003.03477. Symbols as in the paper: ``w_i`` the de
 trainer i, ``wPS`` the sync parameter server's copy, ``a`` (alpha) the elastic / averaging
 weight, ``g`` the BMUF global model, ``eta`` the block learning rate, ``n`` the trainers.
 
-* S-EASGD (Alg. 2): ``wPS <- (1-a) wPS + a w_i;  w_i <- (1-a) w_i + a wPS`` (both right-hand
-  sides use the values before the sync, as in EASGD's elastic force).
+* S-EASGD (Alg. 2): ``wPS <- (1-a) wPS + a w_i;  w_i <- (1-a) w_i + a wPS``, in that order
+  (the second line reads the new wPS: ``shadowsync.easgd_form=sequential``, the default), or
+  both from the values before the sync (``simultaneous``, EASGD's elastic force).
 * S-MA (Alg. 3): ``g <- allreduce(w_i) / n;  w_i <- (1-a) w_i + a g``.
 * S-BMUF (Alg. 4): ``c <- allreduce(w_i) / n;  d <- c - g;  g <- g + eta d;
   w_i <- (1-a) w_i + a g``; with block momentum mu (Chen & Huo 2016):
@@ -35,18 +36,20 @@ def _lerp(w, target, a):
     return jax.tree.map(lambda x, t: (1 - a) * x + a * t, w, target)
 
 
-def easgd(w_ps, w_i, alpha: float):
-    """S-EASGD exchange (Alg. 2): returns ``(wPS', w_i')``, both from the old values.
+def easgd(w_ps, w_i, alpha: float, sequential: bool = True):
+    """S-EASGD exchange (Alg. 2): returns ``(wPS', w_i')``.
 
-    A choice, not the paper's text: Alg. 2 writes the two lines in sequence, ``wPS <- (1-a)
-    wPS + a w_i`` then ``w_i <- (1-a) w_i + a wPS``, the second reading the new wPS; this is
-    the original EASGD's simultaneous form. They differ: at ``a = 0.5`` (the ShadowSync study's)
-    the simultaneous form leaves both equal to the average after every exchange, where Sec. 3
-    says the interpolation is asymmetric ("w_i and wPS are not equal after this update"); the
-    sequential one gives ``w_i' = 0.75 w_i + 0.25 wPS``. Kept until the ShadowSync study is
-    redone (issue 35), since changing it changes every S-/FR-EASGD number in docs/shadowsync.md.
+    Sequential (the paper's Alg. 2, the default): ``wPS' = (1-a) wPS + a w_i``, then
+    ``w_i' = (1-a) w_i + a wPS'``, the second line reading the new wPS. Simultaneous (the
+    original EASGD's elastic force, Zhang et al. 2015): both from the old values. They differ:
+    at ``a = 0.5`` (the ShadowSync study's) the simultaneous form leaves both equal to their
+    average after every exchange, where Sec. 3 says the interpolation is asymmetric ("w_i and
+    wPS are not equal after this update"); the sequential one gives ``w_i' = 0.75 w_i + 0.25
+    wPS``. At ``a = 1`` the simultaneous form swaps the two; the sequential one copies w_i to
+    the PS and keeps it.
     """
-    return _lerp(w_ps, w_i, alpha), _lerp(w_i, w_ps, alpha)
+    ps = _lerp(w_ps, w_i, alpha)
+    return ps, _lerp(w_i, ps if sequential else w_ps, alpha)
 
 
 def tree_mean(trees: list) -> Any:
@@ -101,6 +104,8 @@ class SyncRule:
       eta: BMUF block learning rate.
       momentum: BMUF block momentum mu.
       nesterov: BMUF Nesterov variant.
+      sequential: S-EASGD's form: Alg. 2's two lines in order (True), or both from the old
+        values (`easgd`).
     """
 
     name: str
@@ -108,6 +113,7 @@ class SyncRule:
     eta: float = 1.0
     momentum: float = 0.0
     nesterov: bool = False
+    sequential: bool = True
 
     def __post_init__(self):
         if self.name not in RULES:
@@ -123,7 +129,7 @@ class SyncRule:
     @property
     def exchange(self) -> Callable:
         """Jitted S-EASGD: ``(wPS, w_i) -> (wPS', w_i')``."""
-        return _jit_easgd(self.alpha)
+        return _jit_easgd(self.alpha, self.sequential)
 
     @property
     def mean(self) -> Callable:
@@ -152,8 +158,9 @@ def _cached(key, make):
     return _cache[key]
 
 
-def _jit_easgd(alpha):
-    return _cached(("easgd", alpha), lambda: jax.jit(lambda ps, w: easgd(ps, w, alpha)))
+def _jit_easgd(alpha, sequential):
+    return _cached(("easgd", alpha, sequential),
+                   lambda: jax.jit(lambda ps, w: easgd(ps, w, alpha, sequential)))
 
 
 def _jit_ma(alpha):

@@ -87,6 +87,9 @@ class ShadowSyncConfig:
       return_model: which dense replica is the result: first (paper) | average.
       shadow_interval_ms: pause between two syncs of a shadow thread (0 = back to back); it
         stands for the sync's network round trip and leaves CPU to the workers on small hosts.
+      easgd_form: S-EASGD's exchange (Alg. 2): sequential (the paper's two lines in order, the
+        second reading the new wPS) | simultaneous (both from the old values, EASGD's elastic
+        force): algorithms/sync_rules.easgd.
     """
 
     sync: Literal[SYNC_RULES] = "easgd"
@@ -97,6 +100,7 @@ class ShadowSyncConfig:
     nesterov: bool = False
     return_model: Literal["first", "average"] = "first"
     shadow_interval_ms: float = 5.0
+    easgd_form: Literal["sequential", "simultaneous"] = "sequential"
 
     def __post_init__(self):
         check_choices(self, "shadowsync")

@@ -17,6 +17,9 @@ checkpoint intervals share one runtime, so the rows read cover every interval of
 not the last one only (algorithms/runtime/intervals.py). Every run was re-recorded once to add
 two summary fields of a synthetic teacher's eval, ``eval_kl_to_bayes`` and ``eval_excess_ne``
 (recjax/train/contract.py): every other value and every predictions.csv hash was unchanged.
+``shadow`` and ``shadow-ckpt`` were re-recorded for a named fix: S-EASGD's exchange follows
+Alg. 2's two lines in order (``shadowsync.easgd_form=sequential``), where it used the values
+from before the sync for both (``simultaneous``, which reproduces the old records).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Sync rules: hand-computed updates and the limiting cases of STYLE.md rule 7 on a toy problem."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,13 +20,37 @@ def close(t1, t2, tol=0.0):
 
 
 def test_easgd_by_hand():
-    # wPS = 1, w = 3, a = 0.25: wPS' = 0.75 + 0.75 = 1.5; w' = 2.25 + 0.25 = 2.5
+    # Alg. 2 in order: wPS = 1, w = 3, a = 0.25: wPS' = 0.75 + 0.75 = 1.5; w' = 0.75 * 3 +
+    # 0.25 * 1.5 = 2.625 (the new wPS); leaf b: wPS' = [1, 3], w' = [3 + 0.25, 0.75]
     ps, w = sr.easgd(tree(1.0, [0.0, 4.0]), tree(3.0, [4.0, 0.0]), 0.25)
     close(ps, tree(1.5, [1.0, 3.0]))
-    close(w, tree(2.5, [3.0, 1.0]))
+    close(w, tree(2.625, [3.25, 0.75]))
     ps2, w2 = sr.SyncRule("easgd", 0.25).exchange(tree(1.0, [0.0, 4.0]), tree(3.0, [4.0, 0.0]))
     close(ps2, ps)
     close(w2, w)
+    # simultaneous: w' = 0.75 * 3 + 0.25 * 1 = 2.5 (the old wPS); wPS' the same
+    ps3, w3 = sr.SyncRule("easgd", 0.25, sequential=False).exchange(
+        tree(1.0, [0.0, 4.0]), tree(3.0, [4.0, 0.0]))
+    close(ps3, ps)
+    close(w3, tree(2.5, [3.0, 1.0]))
+    # a = 1: sequential copies w to the PS and keeps it; simultaneous swaps them
+    ps, w = sr.easgd(tree(1.0, [0.0, 4.0]), tree(3.0, [4.0, 0.0]), 1.0)
+    close(ps, tree(3.0, [4.0, 0.0]))
+    close(w, tree(3.0, [4.0, 0.0]))
+    ps, w = sr.easgd(tree(1.0, [0.0, 4.0]), tree(3.0, [4.0, 0.0]), 1.0, sequential=False)
+    close(ps, tree(3.0, [4.0, 0.0]))
+    close(w, tree(1.0, [0.0, 4.0]))
+
+
+def test_the_config_picks_the_easgd_form():
+    from algorithms.shadowsync import make_rule
+    from recjax import configs
+
+    cfg = configs.smoke()
+    assert cfg.shadowsync.easgd_form == "sequential" and make_rule(cfg).sequential
+    sim = dataclasses.replace(cfg, shadowsync=dataclasses.replace(cfg.shadowsync,
+                                                                    easgd_form="simultaneous"))
+    assert not make_rule(sim).sequential
 
 
 def test_ma_and_bmuf_by_hand():
