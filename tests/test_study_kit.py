@@ -150,6 +150,19 @@ def test_the_gba_study_file_names_the_papers_effects():
     assert effects[("bsp", "forward")] == -0.0034 and effects[("hop_bs", "back")] == -0.0009
     assert {a.name for a in study.arms} == {"single", "gba", "sync", "async", "hop_bs", "bsp",
                                             "hop_bw"}
+    # issue 35's full size: 32 workers of 32 rows, b2 = b3 = 20% of them, 1M eval rows; the
+    # baselines also at their own local batch (Table 5.1), on the same 1024 rows per step
+    full = study.sizes["full"].overrides
+    assert (full["gba.workers"], full["gba.local_batch_size"], full["train.batch_size"]) == (
+        32, 32, 1024)
+    assert (full["gba.b2"], full["gba.b3"], full["synthetic.n_eval"]) == (6, 6, 1_000_000)
+    own = [a for a in study.arms_for("synthetic", "full") if "B_a=" in a.name]
+    assert [(a.overrides["gba.mode"], a.overrides["gba.local_batch_size"]) for a in own] == [
+        ("hop_bs", 128), ("bsp", 128), ("hop_bw", 128)]
+    assert not [a for a in study.arms_for("synthetic", "quick") if "B_a=" in a.name]
+    own_effects = {(c.arm, c.phase): c.effect for c in study.claims if "B_a=" in c.arm}
+    assert own_effects[("bsp B_a=128", "forward")] == -0.0034
+    assert own_effects[("hop_bw B_a=128", "back")] == -0.0036
 
 
 @pytest.mark.slow  # ~35 s: the real algorithms at the smoke size, in a subprocess
