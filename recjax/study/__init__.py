@@ -56,7 +56,7 @@ def run_file(path: str, argv: list[str], run) -> int:
 
 def main(study: Study, argv: list[str], run) -> int:
     """``compare.py NAME [--quick | --smoke] [--seeds 0,1] [--datasets a,b] [--out DIR]
-    [--doc docs/NAME.md]``.
+    [--doc docs/NAME.md] [--agree-with OTHER_OUT]``.
 
     Args:
       run: ``algorithms.run`` (passed in: the library imports no algorithm).
@@ -77,7 +77,20 @@ def main(study: Study, argv: list[str], run) -> int:
                    f"docs/{study.name}.md) between <!-- {study.name}-study:begin --> and "
                    f"<!-- {study.name}-study:end -->, the rest kept, and the figure next to it "
                    f"({study.name}_study.svg/png)")
+    p.add_argument("--agree-with", help="another run of this study (its --out folder or "
+                   f"{study.name}_study.json), e.g. with other seeds: the report gains a "
+                   "table of the verdicts the two share and those they do not "
+                   "(recjax/study/stability.py)")
     a = p.parse_args(argv)
+    other = None
+    if a.agree_with:  # read first: a bad path is an error before hours of runs
+        from recjax.study import stability
+
+        try:
+            other = stability.load_verdicts(a.agree_with, study.name)
+        except (OSError, ValueError) as e:
+            print(f"error: --agree-with: {e}", file=sys.stderr)
+            return 2
     if a.data:
         os.environ["RECJAX_DATA"] = a.data
     size = "smoke" if a.smoke else "quick" if a.quick else "full"
@@ -108,17 +121,24 @@ def main(study: Study, argv: list[str], run) -> int:
     command = " ".join(["python scripts/compare.py", study.name, *argv])
     base = os.path.join(a.out, f"{study.name}_study")
     verdicts = {ds: report.verdicts(study, rows, ds) for ds, rows in results.items()}
+    stable, agreed = "", None
+    if other is not None:
+        agreed = stability.agreement(verdicts, other)
+        stable = "\n" + stability.markdown(agreed, a.out, a.agree_with)
+        print(stable)
     with open(base + ".json", "w") as f:
         json.dump({"command": command, "seconds": secs, "size": size, "results": results,
-                   "verdicts": verdicts, **({"data": facts} if facts else {})}, f, indent=1)
+                   "verdicts": verdicts, **({"data": facts} if facts else {}),
+                   **({"agreement": {"with": a.agree_with, "claims": agreed}} if agreed else {})},
+                  f, indent=1)
     with open(base + ".md", "w") as f:
-        f.write(report.markdown(study, results, command, secs, facts))
+        f.write(report.markdown(study, results, command, secs, facts) + stable)
     if results:
         report.figure(study, results, base)
     print(f"wrote {base}.{{json,md,svg,png}} ({secs:.0f} s)")
     if a.doc:
         report.write_doc(a.doc, study.name, report.markdown(study, results, command, secs, facts,
-                                                            title=False))
+                                                            title=False) + stable)
         if results:
             report.figure(study, results, os.path.join(os.path.dirname(a.doc) or ".",
                                                        f"{study.name}_study"))
