@@ -2,18 +2,14 @@
 equations (Wang et al. 2021, Eq. 1, 4-5; Sec. 3 structures), on the module's own parameters;
 and the model trained by every algorithm that can (DES refuses it with the reason)."""
 
-import dataclasses
 
 import jax
 import numpy as np
 import pytest
 
-import algorithms
-from recjax import registry
 from recjax.features import FeatureSpec, FieldSpec
 from recjax.models import ModelConfig, build_model, dummy_inputs
 from recjax.models.config import MODEL_NAMES
-from tests.runtime_util import small_cfg
 
 SPEC = FeatureSpec(dense_names=("a", "b", "c"), fields=tuple(FieldSpec(f"C{i}", 50) for i in range(4)))
 
@@ -106,28 +102,6 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="cross_structure"):
         ModelConfig(name="dcn_v2", cross_structure="side_by_side")
     assert "dcn_v2" in MODEL_NAMES
-
-
-def _cfg(algo: str):
-    cfg = small_cfg(algo, steps=16, dense=("adam", 3e-3), sparse=("adagrad", 0.05))
-    model = dataclasses.replace(ModelConfig.smoke("dcn_v2"), cross_rank=4, cross_experts=2)
-    cfg = dataclasses.replace(cfg, model=model)
-    if registry.REGISTRY[algo].kind == registry.SPMD:
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, devices=2))
-    return cfg
-
-
-def test_des_refuses_it_with_the_reason():
-    with pytest.raises(ValueError, match="no equivalent substitution for model 'dcn_v2'"):
-        algorithms.run(_cfg("des"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", [a for a in registry.NAMES if a != "des"])
-def test_every_algorithm_trains_it(algo):
-    summary = algorithms.run(_cfg(algo))
-    assert summary["steps"] == 16 and np.isfinite(summary["train_ne"])
-    assert 0.5 < summary["eval_auc"] < 1.0
 
 
 @pytest.mark.parametrize("rank,structure,deep", [
