@@ -2,7 +2,8 @@
 layer, ``DIN``) and TorchRec 1.9.2 (``CrossNet``, ``LowRankCrossNet``,
 ``LowRankMixtureCrossNet``), with the same weights and the same batch from the Criteo and
 Taobao samples: the logits, the loss, and every parameter and embedding table after one step of
-SGD, Adagrad and Adam, all in float64.
+SGD, Adagrad and Adam, all in float64. BST has no peer built as it is; its transformer block is
+checked against ``torch.nn.TransformerEncoderLayer`` (the last test says why).
 
 recjax's side is its own train step (`recjax.train.step.train_step`: lookup, model, dense optax
 optimizer, sparse table optimizer) run under ``jax.enable_x64``; the peer's side is the peer's
