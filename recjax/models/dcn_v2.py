@@ -17,12 +17,15 @@ Structure (Sec. 3, Fig. 2): ``stacked`` feeds the cross network's output through
 w . [x_L, MLP(x0)] + b``), DCN-v1's layout. With an empty ``deep_mlp`` either is the cross
 network alone.
 
-Forms as TorchRec writes them (``torchrec.modules.crossnet``: ``CrossNet`` is DCN-v1's vector
-layer, ``LowRankCrossNet`` the low-rank form without g, ``LowRankMixtureCrossNet`` the mixture,
-whose gate is a bias-free linear layer per expert and whose g is ReLU); one deviation, said here:
-the paper's Eq. 4 leaves open whether a single low-rank expert applies C and g, TorchRec's
+Forms as TorchRec writes them (``torchrec.modules.crossnet``: ``CrossNet`` is Eq. 1's full-rank
+layer, ``VectorCrossNet`` DCN-v1's, ``LowRankCrossNet`` the low-rank form without g,
+``LowRankMixtureCrossNet`` the mixture, whose gate is a bias-free linear layer per expert and
+whose g is ReLU); tests/test_peer_models.py checks each against TorchRec. Two deviations, said
+here: the paper's Eq. 4 leaves open whether a single low-rank expert applies C and g, TorchRec's
 mixture does, its ``LowRankCrossNet`` does not; here one expert is the ``LowRankCrossNet`` form
-and C, g come with E > 1 only.
+and C, g come with E > 1 only. TorchRec's (and DeepCTR's ``CrossNetMix``) gates are one set
+shared by all layers; here each layer has its own, as each has its own experts (Eq. 5's
+``G_i(x_l)`` is read per layer).
 
 Parameters (per layer l, stacked on a leading L axis): ``cross_w`` f32[L, K, K] (full rank), or
 ``cross_u``, ``cross_v`` f32[L, E, K, r], ``cross_c`` f32[L, E, r, r] and ``cross_gate``
