@@ -38,6 +38,9 @@ training run, on an instance of their own:
    2 workers at a time. A Ray run cannot cost less than the threaded run's work plus the
    floor (less what one XLA thread per process saves), which bounds Ray / threads on this
    host without any of our code in it.
+7. ``serial`` (``--serial``: not in `bench_ray`): whether the backend has a serial part, and
+   whether its CPU per worker step grows with the workers, at 1 and 16 workers of modelled
+   compute (``bench_ray_serial.py``).
 `bench_ray(repeats, quick) -> list[dict]` is what scripts/bench.py calls.
 """
 
@@ -430,6 +433,9 @@ def main(argv=None) -> int:
     p.add_argument("--ps-shards", type=int, default=0, help="--real: PS shards (0: the config's)")
     p.add_argument("--algos", help=f"only measurement 5, for these algorithms ({','.join(ALGOS)})")
     p.add_argument("--steps", type=int, default=100, help="--algos, --cpu: steps per run")
+    p.add_argument("--serial", action="store_true",
+                   help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
+                        "(bench_ray_serial.py)")
     p.add_argument("--cpu", action="store_true",
                    help="only measurement 6: CPU per step, threads vs Ray vs Ray's floor")
     a = p.parse_args(argv)
@@ -438,6 +444,10 @@ def main(argv=None) -> int:
         if unknown := sorted(set(algos) - set(ALGOS)):
             p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
         rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
+    elif a.serial:
+        from algorithms.tools.bench_ray_serial import bench_serial
+
+        rows = [bench_serial(a.repeats)]
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.real:
