@@ -1,0 +1,98 @@
+"""bench_ray --serial's arithmetic (algorithms/tools/bench_ray_serial.py), against hand-worked
+figures; and its sampler against CPU burnt on purpose (no Ray)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from algorithms.runtime import worker
+from algorithms.tools import bench_ray_serial as bs
+
+
+def test_between_takes_the_window_and_each_process_s_own_delta():
+    # (t, box busy, driver CPU, {pid: CPU}, driver rss)
+    samples = [(0.0, 1.0, 0.5, {7: 1.0}, 10),
+               (1.0, 2.0, 0.7, {7: 1.5}, 30),          # first in the window
+               (2.0, 3.5, 0.8, {7: 2.0, 9: 0.25}, 50),  # pid 9 started inside: all of it counts
+               (3.0, 4.5, 1.0, {7: 3.0, 9: 0.75}, 20),  # last in the window
+               (4.0, 9.0, 9.0, {7: 9.0}, 99)]
+    got = bs._between(samples, 0.5, 3.2)
+    assert got == {"seconds": 2.0, "box": 2.5, "driver": pytest.approx(0.3),
+                   "tree": pytest.approx(0.3 + 1.5 + 0.75), "rss": 50}
+    with pytest.raises(RuntimeError, match="only 1 CPU samples"):
+        bs._between(samples, 0.5, 1.5)
+
+
+def test_marginal_figures_are_the_difference_of_two_lengths():
+    short = {"steps": 24, "seconds": 4.0, "tree": 1.0, "box": 2.0, "driver": 0.2, "rss": 5,
+             "m": 0.003}
+    long = {"steps": 96, "seconds": 13.0, "tree": 2.8, "box": 5.6, "driver": 0.56, "rss": 4,
+            "m": 0.002}
+    got = bs._marginal(short, long)
+    assert got == pytest.approx({"S": 72 / 9.0, "c": 1.8 / 72, "box_c": 3.6 / 72,
+                                 "driver": 0.36 / 72, "rss": 5, "m": 0.002})
+
+
+def _rep(S, c, driver=5e-4, m=0.002, rss=2**20):
+    return {"S": S, "c": c, "box_c": c, "driver": driver, "m": m, "rss": rss}
+
+
+def test_criteria_by_hand():
+    # W = 1: 8 steps/s, 25 ms; W = 16: median of three repeats
+    per = {1: [_rep(8.0, 0.025), _rep(9.0, 0.020), _rep(7.0, 0.030)],
+           16: [_rep(60.0, 0.022, m=0.004), _rep(50.0, 0.024, m=0.004),
+                _rep(70.0, 0.020, m=0.004, driver=2e-3, rss=3 * 2**20)]}
+    got = bs.criteria(per, factor=50.0, cores=2)
+    # bound = min(16 x 8, 2 / 0.022) = 90.9; 60 / 90.9 = 0.66 < 0.8
+    assert got["a_bound"] == pytest.approx(2 / 0.022)
+    assert got["a_ratio"] == pytest.approx(60 * 0.022 / 2) and not got["a_met"]
+    # S_free = 16 / (1 / 8 + 49 x (0.004 - 0.002)) = 16 / 0.223 = 71.7; min with 90.9
+    assert got["S_free"] == pytest.approx(16 / (1 / 8 + 49 * 0.002))
+    assert got["a_free_ratio"] == pytest.approx(60 / (16 / 0.223)) and got["a_free_met"]
+    assert got["b_ratio"] == pytest.approx(0.022 / 0.025) and got["b_met"]
+    assert got["driver_1"] == 5e-4 and got["driver_16"] == 5e-4 and got["driver_met"]
+    assert got["driver_peak_rss_16_mib"] == 3.0
+    # c_16 above 1.25 x c_1, a driver over 1 ms: not met
+    per[16] = [_rep(60.0, 0.032, driver=1.1e-3)] * 3
+    got = bs.criteria(per, factor=50.0, cores=2)
+    assert not got["b_met"] and not got["driver_met"]
+
+
+def test_measured_notes_each_step_s_measured_compute_and_passes_it_on(monkeypatch):
+    calls = []
+    monkeypatch.setattr(worker, "record_step", lambda *a: calls.append(a) or "work")
+    fake = worker.record_step
+    with bs._measured() as secs:
+        assert worker.record_step("rt", 3, "c", "item", "m", 5, 0.25, 4.0) == "work"
+        worker.record_step("rt", 3, "c", "item", "m", 6)  # not timed: not noted
+    assert worker.record_step is fake
+    assert secs == [0.25]
+    assert calls == [("rt", 3, "c", "item", "m", 5, 0.25, 4.0),
+                     ("rt", 3, "c", "item", "m", 6, None, None)]
+
+
+def _burn(seconds: float) -> None:
+    c0 = time.thread_time()
+    while time.thread_time() - c0 < seconds:
+        pass
+
+
+def test_sampling_counts_the_driver_and_its_children():
+    # a child that burns 0.4 s of CPU, says so, and lives on (an exited child's CPU is gone)
+    child = [sys.executable, "-c", "import time\nc = time.process_time()\n"
+             "while time.process_time() - c < 0.4: pass\nprint('done', flush=True)\n"
+             "time.sleep(30)"]
+    with bs._sampling(0.02) as samples:
+        time.sleep(0.1)
+        p = subprocess.Popen(child, stdout=subprocess.PIPE, text=True)
+        _burn(0.3)
+        assert p.stdout.readline().strip() == "done"
+        time.sleep(0.1)
+    p.kill()
+    p.wait()
+    got = bs._between(samples, samples[0][0], samples[-1][0])
+    # the driver: the main thread's 0.3 s and little else
+    assert 0.28 <= got["driver"] <= 0.45
+    assert 0.38 <= got["tree"] - got["driver"] <= 0.6  # the child's 0.4 s (and its start)
