@@ -447,7 +447,7 @@ def main(argv=None) -> int:
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
-        rows = [bench_serial(a.repeats)]
+        rows = [bench_serial(bench_config, a.repeats)]
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.real:

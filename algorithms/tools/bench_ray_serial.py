@@ -128,13 +128,13 @@ def _measured():
         worker.record_step = record
 
 
-def _run(workers: int, per_worker: int, batch: int, factor: float, seed: int) -> dict:
-    """One run; its roles' run's worker steps, seconds and CPU (`_between`)."""
+def _run(config, workers: int, per_worker: int, batch: int, factor: float, seed: int) -> dict:
+    """One run of ``config(...)`` (`bench_ray.bench_config`); its roles' run's worker steps,
+    seconds and CPU (`_between`)."""
     import algorithms
-    from algorithms.tools.bench_ray import bench_config
 
     steps = workers * per_worker
-    cfg = bench_config("ray", workers, steps, batch, f"slow:k={workers},factor={factor}",
+    cfg = config("ray", workers, steps, batch, f"slow:k={workers},factor={factor}",
                        model="default", seed=seed)
     with _sampling() as samples, roles.timed() as run, _measured() as secs:
         out = algorithms.run(cfg)
@@ -183,14 +183,15 @@ def criteria(per: dict[int, list[dict]], factor: float, cores: int) -> dict:
             "driver_met": all(med(w, "driver") <= 1e-3 for w in per)}
 
 
-def bench_serial(repeats: int, batch: int = 512, factor: float = 50.0,
+def bench_serial(config, repeats: int, batch: int = 512, factor: float = 50.0,
                  workers: tuple = WORKERS, lengths: tuple = LENGTHS) -> dict:
-    """Measurement 7 (see the module docstring), `repeats` interleaved repeats; seconds in
-    the row (``c_16`` is s per step)."""
+    """Measurement 7 (see the module docstring), `repeats` interleaved repeats of runs
+    configured by `config` (`bench_ray.bench_config`, passed in: that module calls this one);
+    seconds in the row (``c_16`` is s per step)."""
     per: dict[int, list[dict]] = {w: [] for w in workers}
     for r in range(repeats):
         for w in workers:
-            short, long = (_run(w, n, batch, factor, seed=r) for n in lengths)
+            short, long = (_run(config, w, n, batch, factor, seed=r) for n in lengths)
             per[w].append(_marginal(short, long))
             print(f"  W={w}: {per[w][-1]}", file=sys.stderr, flush=True)
     cores = psutil.cpu_count()
