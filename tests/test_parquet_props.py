@@ -150,18 +150,19 @@ def _splitmix_bucket(key: int, salt: int, buckets: int) -> int:
 
 @PROPS
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=40), st.integers(0, 2**32 - 1),
-       st.integers(1, 2**31 - 1), st.integers(1, 7))
-def test_hash_keys_in_blocks_is_the_scheme(keys, salt, buckets, block):
-    """The blocked, in-place hash_keys (blocks of 1..7 keys here) is splitmix64 % buckets,
-    into a new array or a strided column of a wider one."""
+       st.integers(1, 2**31 - 1), st.integers(1, 7), st.booleans())
+def test_hash_keys_in_blocks_is_the_scheme(keys, salt, buckets, block, compiled):
+    """The blocked hash_keys (blocks of 1..7 keys here), numpy's in-place passes or the
+    compiled loop, is splitmix64 % buckets, into a new array or a strided column of a wider
+    one."""
     old = hashing._BLOCK
     hashing._BLOCK = block
     try:
         arr = np.array(keys, np.uint32)
         want = [_splitmix_bucket(k, salt, buckets) for k in keys]
-        assert hashing.hash_keys(arr, salt, buckets).tolist() == want
+        assert hashing.hash_keys(arr, salt, buckets, compiled=compiled).tolist() == want
         out = np.zeros((len(keys), 3, 2), np.int64)
-        hashing.hash_keys(arr, salt, buckets, out=out[:, 1, 0])
+        hashing.hash_keys(arr, salt, buckets, out=out[:, 1, 0], compiled=compiled)
         assert out[:, 1, 0].tolist() == want and not out[:, [0, 2]].any()
     finally:
         hashing._BLOCK = old

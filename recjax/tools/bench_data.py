@@ -12,8 +12,9 @@ missing values and a realistic number of distinct tokens per row group. It is co
 seconds and in this process's CPU seconds:
 
 (a) ``parquet``: ``--data parquet:DIR`` to hashed, fixed-shape batches (B = 4096, 2**17
-    buckets, file order) and to raw-id batches, against a plain ``pyarrow.parquet`` read of the
-    same columns into numpy arrays (one thread: ``use_threads=False``, as the reader);
+    buckets, file order; hashed by the compiled loop, and by numpy as without numba) and to
+    raw-id batches, against a plain ``pyarrow.parquet`` read of the same columns into numpy
+    arrays (one thread: ``use_threads=False``, as the reader);
 (b) ``text``: the text reader (``criteo:PATH``) to the same batches, against
     ``pyarrow.csv.read_csv`` of the same file into one table (all 40 columns; one thread, and
     pyarrow's default threads), and against ``open_csv`` streaming it batch by batch (one
@@ -29,6 +30,7 @@ rates: ``taskset -c 1 python scripts/bench_data.py``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -150,6 +152,18 @@ def _plain_parquet(directory: str, columns: list[str]) -> int:
     return n
 
 
+def _numpy_hashing(fn):
+    """fn() with the columnar reader hashing by numpy (`hash_keys(compiled=False)`), as it does
+    where numba is not installed."""
+    from unittest import mock
+
+    from recjax.data import columnar, hashing
+
+    with mock.patch.object(columnar, "hash_keys",
+                           functools.partial(hashing.hash_keys, compiled=False)):
+        return fn()
+
+
 def _read_csv(path: str, threads: bool, stream: bool = False) -> int:
     """Rows of `path` read by pyarrow's CSV reader: a whole table (`read_csv`), or batch by
     batch (`open_csv`, none kept), labels and I* inferred as integers, C* as strings."""
@@ -214,6 +228,8 @@ def bench_data(repeats: int, quick: bool, *, rows: int | None = None, workdir: s
         "parquet -> hashed batches": lambda: _drain(open_source(f"parquet:{pq_dir}",
                                                                  hash_buckets=BUCKETS)),
         "pyarrow.parquet read, same columns (crc)": lambda: _plain_parquet(pq_dir, cols["crc"]),
+        "parquet -> hashed batches, numpy hashing": lambda: _numpy_hashing(
+            lambda: _drain(open_source(f"parquet:{pq_dir}", hash_buckets=BUCKETS))),
         "parquet -> raw-id batches": lambda: _drain(open_source(f"parquet:{pq_dir}",
                                                                  raw_ids=True)),
         "pyarrow.parquet read, same columns (raw)": lambda: _plain_parquet(pq_dir, cols["raw"]),
@@ -236,6 +252,7 @@ def bench_data(repeats: int, quick: bool, *, rows: int | None = None, workdir: s
         print(f"  repeat {r + 1}/{repeats}: " + ", ".join(
             f"{k.split(',')[0].split(' ->')[0]} {wall[k][-1] / 1e3:,.0f}K" for k in runs))
     refs = {"parquet -> hashed batches": "pyarrow.parquet read, same columns (crc)",
+            "parquet -> hashed batches, numpy hashing": "pyarrow.parquet read, same columns (crc)",
             "parquet -> raw-id batches": "pyarrow.parquet read, same columns (raw)",
             "text -> hashed batches": "pyarrow.csv.read_csv, 1 thread"}
     out = []
