@@ -306,6 +306,18 @@ def block_ints(column, allow_missing: bool = True) -> np.ndarray | None:
     return ints.fill_null(0).to_numpy() if valid is not None else ints.to_numpy()
 
 
+_IS_PLAIN_TEXT = np.zeros(256, bool)  # ASCII but NUL and `check_text`'s whitespace
+_IS_PLAIN_TEXT[1:128] = True
+_IS_PLAIN_TEXT[np.frombuffer(_WHITESPACE, np.uint8)] = False
+
+
+def block_text(column) -> Tokens | None:
+    """The column as `Tokens` if every byte is ASCII, not NUL and not whitespace (tokens that
+    `check_text` passes without a look at each one), else None (`check_text` decides)."""
+    tokens = tokens_of(column)
+    return tokens if _chars_ok(tokens, _IS_PLAIN_TEXT) else None
+
+
 def block_hex(column) -> Tokens | None:
     """The column as `Tokens` if every token is lowercase hex digits (or empty), else None."""
     tokens = tokens_of(column)
