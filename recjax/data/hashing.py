@@ -121,9 +121,10 @@ class Tokens:
 
     def tolist(self, index: np.ndarray | None = None) -> list[bytes]:
         """The tokens (those at `index`) as bytes."""
-        raw, off = self.data.tobytes(), self.offsets
-        idx = range(len(self)) if index is None else index
-        return [raw[off[i]:off[i + 1]] for i in idx]
+        raw, off = self.data.tobytes(), self.offsets.tolist()  # Python ints: no numpy scalars
+        if index is None:
+            return [raw[a:b] for a, b in zip(off, off[1:])]
+        return [raw[off[i]:off[i + 1]] for i in np.asarray(index).tolist()]
 
     def eight(self) -> tuple[np.ndarray, np.ndarray]:
         """(positions of the 8-byte tokens, their bytes as little-endian u64[M])."""
