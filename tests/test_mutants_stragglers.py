@@ -151,3 +151,25 @@ def test_the_slow_workers_are_drawn_per_seed_and_per_worker_count():
         _grid(stragglers.parse("slow:k=3,factor=8", 32, seed=seed), 32, 1)
         small = _slow_sets(_grid(stragglers.parse("slow:k=3,factor=8", 8, seed=seed), 8, 1), 8.0)
         assert len(small[0]) == 3
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**32 - 1, 2**32, 5 * 2**40])
+def test_lognormal_draws_are_numpys_seeded_generators(seed):
+    """The lognormal term's draw for ``(seed, term, worker, iteration)`` is
+    ``default_rng([seed, 17, term, worker, iteration]).standard_normal()`` (the draws every run
+    so far made; a rerun repeats them), though they are made a block of iterations at a time
+    from states computed in numpy: compared with default_rng itself, across block boundaries,
+    at iterations near 2^32 and for seeds past one 32-bit word (drawn one by one). Kills a
+    wrong SeedSequence constant, a word order or LCG step of PCG64's seeding, an off-by-one
+    in a block's iterations and a block cached under the wrong worker or term."""
+    its = [0, 1, 2, stragglers.BLOCK - 1, stragglers.BLOCK, 3 * stragglers.BLOCK + 5, 2**31,
+           2**32 - stragglers.BLOCK - 1, 2**32 - 1]
+    for term in (0, 3):
+        for worker in (0, 1, 31):
+            for it in its:
+                want = float(np.random.default_rng([seed, 17, term, worker, it]).standard_normal())
+                assert stragglers.normal(seed, term, worker, it) == want, (term, worker, it)
+    m = stragglers.parse("slow:k=1,factor=2+lognormal:sigma=0.3", 4, seed=seed)
+    got = m.factor(2, 77) / (2.0 if 2 in stragglers._choice(seed, 0, 0, 4, 1) else 1.0)
+    assert got == float(np.exp(0.3 * np.random.default_rng([seed, 17, 1, 2, 77])
+                               .standard_normal()))
