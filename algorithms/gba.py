@@ -359,9 +359,7 @@ class GbaServer:
         for e in kept:
             self.stats.dense_staleness[k - e.version] += 1
         if kept:
-            total = kept[0].dense
-            for e in kept[1:]:
-                total = _tree_add(total, e.dense)
+            total = _tree_sum([e.dense for e in kept])
             mean = total if u.denominator == 1 else _tree_scale(total, 1.0 / u.denominator)
             self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state, mean)
         # App. B Alg. 2 l. 20-21: the dense part is judged by k - token (Eq. 1), each embedding
@@ -475,8 +473,18 @@ class GbaServer:
         }
 
 
-def _tree_add(a, b):
-    return jax.tree.map(np.add, a, b)
+def _tree_sum(trees: list) -> Any:
+    """``((t0 + t1) + t2) + ...`` leaf by leaf, in numpy: the sum the update divides by M
+    (Alg. 2 l. 22), added in buffer order. Each tree is flattened once and the partial sums are
+    added into in place (a global step sums 32 gradients of ~25 leaves: issue 35)."""
+    if len(trees) == 1:
+        return trees[0]
+    leaves, tree = jax.tree.flatten(trees[0])
+    acc = [np.asarray(np.add(a, b)) for a, b in zip(leaves, jax.tree.leaves(trees[1]))]
+    for t in trees[2:]:
+        for a, b in zip(acc, jax.tree.leaves(t)):
+            np.add(a, b, out=a)
+    return jax.tree.unflatten(tree, acc)
 
 
 def _tree_scale(a, c: float):

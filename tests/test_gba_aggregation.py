@@ -5,9 +5,12 @@ Sec. 5.1), not from the code: when each mode updates, what it keeps and what it 
 import dataclasses
 import types
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from algorithms.gba import MODES, admits, aggregation
+from algorithms.gba import MODES, _tree_sum, admits, aggregation
 
 
 @dataclasses.dataclass
@@ -58,3 +61,31 @@ def test_hop_bw_counts_only_the_gradients_of_the_current_round():
     assert aggregation(rule, gc(), 5, at_k + [G(index=19, token=6, version=4)], 3) is None
     u = aggregation(rule, gc(), 5, at_k, 2)
     assert [e.index for e in u.entries] == [20, 21] and u.denominator == 2
+
+
+def test_the_dense_sum_adds_in_buffer_order_leaf_by_leaf():
+    """The update's dense sum (Alg. 2 l. 22, before the division by M) is
+    ``((g0 + g1) + g2) + ...`` in float32, leaf by leaf, in the buffer's order: bit for bit the
+    fold of ``np.add`` over the trees, for numpy and jax leaves and a 0-d one, and the
+    gradients it sums are left as they were. Kills a sum in another order (a pairwise or
+    reversed sum rounds differently on these values) and an accumulation into a gradient."""
+    rng = np.random.default_rng(0)
+    trees = [{"w": (rng.standard_normal((5, 3)) * 10.0 ** rng.integers(-4, 4, (5, 3)))
+              .astype(np.float32), "b": np.float32(rng.standard_normal()),
+              "v": jnp.asarray(rng.standard_normal(7).astype(np.float32) * 1e3)}
+             for _ in range(33)]
+    copies = jax.tree.map(np.array, trees)
+    want = trees[0]
+    for t in trees[1:]:
+        want = jax.tree.map(np.add, want, t)
+    got = _tree_sum(trees)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        assert np.asarray(a).dtype == np.asarray(b).dtype == np.float32
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    backwards = trees[-1]
+    for t in trees[-2::-1]:
+        backwards = jax.tree.map(np.add, backwards, t)
+    assert not np.array_equal(backwards["w"], got["w"])  # the order is seen
+    for a, b in zip(jax.tree.leaves(copies), jax.tree.leaves(trees)):
+        assert np.array_equal(a, np.asarray(b))
+    assert _tree_sum(trees[:1]) is trees[0]
