@@ -465,3 +465,62 @@ def test_the_id_rule_keeps_rows_the_token_rule_drops(tmp_path):
     assert applied["id"] - applied["token"] == want["rescued"]  # the rows id keeps, token drops
     tables = [jax.tree.leaves(got[r].tables) for r in ("id", "token")]
     assert len(tables[0]) == 4 and any(not np.array_equal(a, b) for a, b in zip(*tables))
+
+
+@pytest.mark.parametrize("staleness", ["id", "token"])
+def test_row_updates_of_tables_of_two_widths_are_each_ids_f_weighted_mean(staleness):
+    """DeepFM (``wide`` tables of width 1 beside ``emb`` tables of width D, aggregated together
+    per width): under sparse SGD (lr 0.05) each (table, id)'s row moves by -lr x the sum of its
+    rows with f = 1 over the gradients that touched it, divided by how many touched it
+    (App. B Alg. 2 l. 21-23, ``embedding_mean=touched``), computed here per table in plain
+    numpy from the gradients pushed. Four gradients of two batches (ids shared across tables
+    and batches), scaled 1-4, tokens 5, 5, 2, 5 at k = 5, iota = 1, the first half of each
+    table's ids of batch A tagged 4; a table's ids start at the last id of the table before
+    it. Kills rows of two tables of one width summed or counted together, a
+    gradient's rows attributed to another, and an id's mean over the wrong count."""
+    cfg = cfg_gba("gba", steps=1, iota=1, embedding_staleness=staleness)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="deepfm"))
+    with _server(cfg) as (rt, server, rows, g, _):
+        assert len({t.embedding_dim for t in rt.model.layout.tables}) == 2
+        local, _ = rt.warm_batch
+        # each table's ids a run that starts at the last id of the table before it (of its
+        # width), so that sorted (table, id) pairs meet an equal id across tables; batch B
+        # holds them in reverse order
+        rows_a, rows_b, base = {}, {}, {}
+        for t in rt.model.layout.tables:
+            ids, n = rows[t.name]
+            start = base.get(t.embedding_dim, t.num_embeddings - n)
+            assert start + n <= t.num_embeddings
+            rows_a[t.name] = (np.r_[np.arange(start, start + n), ids[n:]], n)
+            rows_b[t.name] = (np.r_[np.arange(start + n - 1, start - 1, -1), ids[n:]], n)
+            base[t.embedding_dim] = start + n - 1
+        sums_a, sums_b = (rt.grads_rows(server.params, rt.ps.pull(r), local)[2]
+                          for r in (rows_a, rows_b))
+        half = {name: n // 2 for name, (_, n) in rows_a.items()}
+        for name, (ids, _) in rows_a.items():
+            server.tag.set(name, ids[:half[name]], 4)
+        tags = {name: np.full(t.num_embeddings, -1) for t in rt.model.layout.tables
+                for name in [t.name]}
+        for name, (ids, _) in rows_a.items():
+            tags[name][ids[:half[name]]] = 4
+        grads = [gba.Grad(i, i, t, 4, g, rows, {k: np.asarray(v) * np.float32(i + 1)
+                                                for k, v in sums.items()})
+                 for i, (t, rows, sums) in enumerate([(5, rows_a, sums_a), (5, rows_b, sums_b),
+                                                      (2, rows_a, sums_a), (5, rows_b, sums_b)])]
+        before = rt.ps.snapshot()[0]
+        server.version = 5
+        u = gba.aggregation(server.rule, server.gc, 5, grads, 0)
+        server._apply_rows(u)
+        after = rt.ps.snapshot()[0]
+        for t in rt.model.layout.tables:
+            total = np.zeros_like(np.asarray(before[t.name]))
+            met = np.zeros(t.num_embeddings, np.int64)
+            for e, keep in zip(grads, u.keep):
+                ids, n = e.rows[t.name]
+                for r in range(n):
+                    f = (tags[t.name][ids[r]] - e.token <= 1) if staleness == "id" else keep
+                    met[ids[r]] += 1
+                    total[ids[r]] += np.asarray(e.sums[t.name])[r] * f
+            want = np.asarray(before[t.name]) - 0.05 * total / np.maximum(met, 1)[:, None]
+            np.testing.assert_allclose(np.asarray(after[t.name]), want, rtol=1e-5, atol=1e-7,
+                                       err_msg=t.name)
