@@ -2,6 +2,7 @@
 at 16 trainers against the single trainer on the same model (issue 35, "a fast virtual clock").
 
     python scripts/bench_clock.py [--repeats 5] [--quick] [--eager | --with-eager] [--json FILE]
+    python scripts/bench_clock.py --split gba/gba [--quick]    # where one arm's time goes
 
 Every arm trains the default config's DLRM on synthetic data with ``--deterministic`` (the
 virtual clock) and is timed by its own metrics.jsonl: the wall time between its train records
@@ -19,17 +20,25 @@ The arms, each the issue's pilot setting:
 Repeats are interleaved (every arm, then again, seeded differently); each arm's ratio to single
 is taken within a repeat and the median printed with the load average. The goal: >= 0.5.
 `bench_clock(repeats, quick) -> list[dict]` is what scripts/bench.py can call.
+
+``--split ARM`` runs one arm once and prints the CPU time (the process's, all threads: less
+sensitive to the other jobs on a shared box than wall time) of each piece of the simulation
+in the same window, per global step (`SPLIT`; the pieces nest, so they do not add up).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import pathlib
 import statistics
 import tempfile
+import time
 
 from recjax import configs
 from recjax.data.synthetic import PRESETS
@@ -118,6 +127,69 @@ def bench_clock(repeats: int = 5, quick: bool = False, eager: bool = False,
     return rows
 
 
+# the pieces `split` times: (module, class or "", function), in the order printed
+SPLIT = (("algorithms.runtime.batched", "Batcher", "force"),
+         ("algorithms.runtime.batched", "", "_stacked"),
+         ("algorithms.gba", "GbaServer", "_apply"),
+         ("algorithms.gba", "GbaServer", "_apply_rows"),
+         ("algorithms.runtime.ps", "EmbeddingShard", "push"),
+         ("algorithms.runtime.worker", "Worker", "take"),
+         ("algorithms.runtime.worker", "Worker", "compute"),
+         ("algorithms.runtime.stragglers", "StragglerModel", "factor"),
+         ("algorithms.runtime.worker", "Replica", "apply"),
+         ("algorithms.runtime.ps", "EmbeddingShard", "exchange"))
+
+
+def split(arm: str, quick: bool = False) -> dict[str, float]:
+    """CPU ms per global step of each `SPLIT` piece (``window``: all of it) in `arm`'s timed
+    window, from one run of it."""
+    import algorithms
+    from recjax.train import hooks
+
+    window = WINDOW[quick]
+    spent: collections.Counter = collections.Counter()
+    state = {"on": False, "records": 0, "t0": 0.0}
+
+    def timed(f, label):
+        def g(*a, **k):
+            if not state["on"]:
+                return f(*a, **k)
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                spent[label] += time.process_time() - t
+        return g
+
+    def record(f):
+        def g(*a, **k):  # the window: from the first train record to the second
+            if state["records"] == 1:
+                state["on"] = False
+                spent["window"] = time.process_time() - state["t0"]
+            out = f(*a, **k)
+            state["records"] += 1
+            if state["records"] == 1:
+                state["on"], state["t0"] = True, time.process_time()
+            return out
+        return g
+
+    with contextlib.ExitStack() as undo:
+        targets = [(hooks, "RunOutputs", "train_record", record)]
+        for mod, cls, fn in SPLIT:
+            m = importlib.import_module(mod)
+            owner = getattr(m, cls) if cls else m
+            if hasattr(owner, fn):
+                targets.append((m, cls, fn, lambda f, label=f"{cls or mod}.{fn}": timed(f, label)))
+        for m, cls, fn, wrap in targets:
+            owner = getattr(m, cls) if cls else m
+            orig = owner.__dict__[fn] if cls else getattr(m, fn)
+            setattr(owner, fn, wrap(orig))
+            undo.callback(setattr, owner, fn, orig)
+        with tempfile.TemporaryDirectory() as out:
+            algorithms.run(arm_config(arm, window, 0, out))
+    return {k: 1000 * v / window for k, v in spent.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
@@ -127,7 +199,16 @@ def main(argv=None) -> int:
     p.add_argument("--with-eager", action="store_true",
                    help="also every virtual-clock arm without batching, interleaved")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--split", metavar="ARM",
+                   help="instead: CPU ms per global step of each piece of ARM (gba/gba, shadow)")
     args = p.parse_args(argv)
+    if args.split:
+        pieces = split(args.split, args.quick)
+        print(f"{args.split}: CPU ms per global step of 1024 examples, load average "
+              f"{os.getloadavg()[0]:.1f}")
+        for k, v in sorted(pieces.items(), key=lambda kv: -kv[1]):
+            print(f"  {k:<32}{v:8.2f}")
+        return 0
     rows = bench_clock(args.repeats, args.quick, args.eager, args.with_eager)
     print(f"virtual clock ({'eager' if args.eager else 'batched'}) vs single, global batch "
           f"{GLOBAL_BATCH}, stragglers {STRAGGLERS}, median of {args.repeats} interleaved "
