@@ -207,7 +207,7 @@ def main(argv=None) -> int:
         print(f"{args.split}: CPU ms per global step of 1024 examples, load average "
               f"{os.getloadavg()[0]:.1f}")
         for k, v in sorted(pieces.items(), key=lambda kv: -kv[1]):
-            print(f"  {k:<32}{v:8.2f}")
+            print(f"  {k:<40}{v:8.2f}")
         return 0
     rows = bench_clock(args.repeats, args.quick, args.eager, args.with_eager)
     print(f"virtual clock ({'eager' if args.eager else 'batched'}) vs single, global batch "
