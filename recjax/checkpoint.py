@@ -331,7 +331,7 @@ class Checkpointer:
             raise ValueError(f"checkpoint {self.directory}/{step}: the algorithm's own state "
                              f"does not fit this run: {_spec_diff([r[:3] for r in record], mine)}")
         try:
-            extra = self._restore_item(step, "extra", self._abstract(like, host))
+            extra = self._restore_item(step, "extra", self._abstract(like, host), strict=False)
         except Exception as e:
             raise _Damaged(f"an array file of its algorithm state cannot be read: "
                            f"{_first_line(e)}") from e
@@ -359,7 +359,8 @@ class Checkpointer:
             if [r[:3] for r in record] != mine:
                 raise ValueError(self._mismatch(step, _spec_diff([r[:3] for r in record], mine)))
         try:
-            state = self._restore_item(step, "state", self._abstract(like, host))
+            state = self._restore_item(step, "state", self._abstract(like, host),
+                                       strict=record is None)
         except Exception as e:
             if record is None:  # written before checksums: cannot tell mismatch from damage
                 raise ValueError(self._mismatch(step, _first_line(e) + " (or the checkpoint "
@@ -384,10 +385,13 @@ class Checkpointer:
             return str(e)
         return None
 
-    def _restore_item(self, step: int, item: str, abstract: Any) -> Any:
-        """The arrays of `item` ("state" or "extra") of `step`, shaped and placed as `abstract`."""
+    def _restore_item(self, step: int, item: str, abstract: Any, strict: bool = True) -> Any:
+        """The arrays of `item` ("state" or "extra") of `step`, shaped and placed as `abstract`.
+        Not `strict`: an array stored with more rows is read to `abstract`'s (a multi-process
+        checkpoint pads its tables, `recjax.checkpoint_sharded.padded_rows`); only where the
+        integrity record has already matched `abstract`'s shapes, which the sums then check."""
         return getattr(self._mngr.restore(step, args=ocp.args.Composite(
-            **{item: ocp.args.StandardRestore(abstract)})), item)
+            **{item: ocp.args.StandardRestore(abstract, strict=strict)})), item)
 
     def _sums(self, kind: str, tree: Any) -> list[str]:
         """Checksums of a restored tree (`host_sums`; the multi-process checkpointer sums

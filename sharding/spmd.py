@@ -19,6 +19,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -87,8 +88,12 @@ class CheckpointLayout:
     layout, written with jax.numpy so that it jits) and ``_from_logical(state, *extra)`` (the
     inverse, its own layout), and ``_specs_of(shapes)`` (its layout's PartitionSpecs). Then:
 
-    * `logical`: the state in the checkpoint layout (`recjax.checkpoint_sharded.layout`),
-      computed where the shards are: what every process writes its own blocks of;
+    * `logical`: the state as the checkpoint stores it (`recjax.checkpoint_sharded.Stored`:
+      the single-device layout, tables and slots padded to whole rows per device by
+      `padded_rows`, each array split by `layout`), computed where the shards are: what every
+      process writes its own blocks of. A row-wise table is then written from the rows each
+      device trains, so a save moves no rows between processes (tests/test_pod_layout.py
+      checks the compiled program of sync on one mesh axis has no collective);
     * `place_restored`: a restored checkpoint (global arrays in the checkpoint layout of this
       mesh, each process holding only its blocks) -> the strategy's layout, on the devices.
 
@@ -97,15 +102,32 @@ class CheckpointLayout:
     """
 
     def logical(self, state):
-        from recjax.checkpoint_sharded import shardings
+        from recjax.checkpoint_sharded import Stored, padded_rows, shardings
 
         if getattr(self, "_logical_jit", None) is None:
+            mesh = self.mesh
+
+            def pad(x):
+                rows = padded_rows(x.shape, mesh)
+                return x if rows == x.shape else jnp.pad(
+                    x, [(0, rows[0] - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+
+            def stored(s):
+                t = self._to_logical(s)
+                return t._replace(tables=jax.tree.map(pad, t.tables),
+                                  slots=jax.tree.map(pad, t.slots))
+
             shapes = jax.eval_shape(self._to_logical, state)
-            self._logical_jit = jax.jit(self._to_logical,
-                                        out_shardings=shardings(shapes, self.mesh))
-        return self._logical_jit(state)
+            self._logical_shapes = tuple(x.shape for x in jax.tree.leaves(shapes))
+            self._logical_jit = jax.jit(stored, out_shardings=shardings(
+                jax.eval_shape(stored, state), mesh))
+        return Stored(self._logical_jit(state), self._logical_shapes)
 
     def place_restored(self, state, *extra):
+        from recjax.checkpoint_sharded import Stored
+
+        if isinstance(state, Stored):
+            state = state.unpadded()
         shapes = jax.eval_shape(self._from_logical, state, *extra)
         self.specs = self._specs_of(shapes)
         return jax.jit(self._from_logical, out_shardings=named(self.mesh, self.specs))(

@@ -9,7 +9,10 @@
   every sharding type and both meshes (DiLoCo's: tests/test_pod_runs.py, a bitwise resume);
 * a `ShardedCheckpointer` step written from arrays split over 8 devices reads back whole
   with the single-process `Checkpointer` (what ``--algo gba`` and a 1-device resume do), and
-  split over another mesh with `ShardedCheckpointer`; an edited checksum is caught.
+  split over another mesh with `ShardedCheckpointer`; an edited checksum is caught;
+* a save of row-wise tables moves no rows (`padded_rows`: no collective in its program);
+* a step whose array files were damaged after the commit is caught on restore and the step
+  before is read; the commit check (metadata only) catches a step without all its arrays.
 
 The multi-process runs themselves: tests/test_pod_runs.py.
 """
@@ -25,7 +28,13 @@ from jax.sharding import PartitionSpec as P
 from algorithms.des import DesSetup, DesStrategy
 from algorithms.sync import SyncSetup, SyncStrategy
 from recjax.checkpoint import CheckpointCorruptError, Checkpointer
-from recjax.checkpoint_sharded import ShardedCheckpointer, layout, shardings
+from recjax.checkpoint_sharded import (
+    ShardedCheckpointer,
+    array_names,
+    layout,
+    padded_rows,
+    shardings,
+)
 from recjax.checksum import wsum32, wsum32_numpy
 from sharding.mesh import make_mesh
 from tests.test_sharding_helpers import ONE_HOT, build_spec, random_batch, tiny_cfg
@@ -83,7 +92,7 @@ def _trained(strategy_cls, setup_cls, cfg):
 def test_sync_layout_round_trip_is_exact(mesh, rules):
     strat, s = _trained(SyncStrategy, SyncSetup, tiny_cfg("deepfm", mesh=mesh, rules=rules))
     logical = strat.logical(s)
-    _tree_equal(logical, strat.unshard(s))  # the devices' path == the host path
+    _tree_equal(logical.unpadded(), strat.unshard(s))  # the devices' path == the host path
     before = jax.tree.map(np.asarray, s)
     _tree_equal(strat.place_restored(logical), before)
 
@@ -92,7 +101,7 @@ def test_sync_layout_round_trip_is_exact(mesh, rules):
 def test_des_layout_round_trip_is_exact(model_name, mesh):
     strat, s = _trained(DesStrategy, DesSetup, tiny_cfg(model_name, mesh=mesh))
     logical = strat.logical(s)
-    _tree_equal(logical, strat.unshard(s))
+    _tree_equal(logical.unpadded(), strat.unshard(s))
     _tree_equal(strat.place_restored(logical), jax.tree.map(np.asarray, s))
 
 
@@ -120,3 +129,85 @@ def test_a_sharded_checkpoint_reads_back_on_any_layout(tmp_path):
                                                                            other)):
         with pytest.raises(CheckpointCorruptError, match="checksum mismatch"):
             reader.restore(like)
+
+
+def test_padded_rows():
+    mesh = make_mesh({"data": 4, "model": 2})
+    assert padded_rows((13, 8), mesh) == (16, 8)  # 13 rows over 8 devices: 2 each, 3 pad rows
+    assert padded_rows((16, 8), mesh) == (16, 8)
+    assert padded_rows((5,), mesh) == (8,)
+    assert padded_rows((), mesh) == ()
+    assert padded_rows((13, 8), make_mesh({"data": 1, "model": 1})) == (13, 8)
+
+
+def test_a_save_moves_no_rows_of_row_wise_tables():
+    """sync on one mesh axis (8 devices), every table row-wise, vocabularies 5..21 (none a
+    multiple of 8): `logical` pads each table's rows as the training stores do, so its compiled
+    program has no collective (without the pad rows, the odd tables split by columns: an
+    all-to-all and an all-gather), and the stored arrays are the host path's plus zero rows."""
+    strat, s = _trained(SyncStrategy, SyncSetup, tiny_cfg("deepfm", rules=".*:row_wise"))
+    stored = strat.logical(s)
+    program = strat._logical_jit.lower(s).compile().as_text()
+    for collective in ("all-gather", "all-to-all", "collective-permute", "all-reduce",
+                       "reduce-scatter"):
+        assert collective not in program
+    host = strat.unshard(s)
+    for name, table in host.tables.items():
+        got = np.asarray(stored.arrays.tables[name])
+        assert got.shape == padded_rows(table.shape, strat.mesh) and got.shape[0] % 8 == 0
+        np.testing.assert_array_equal(got[: table.shape[0]], table)
+        assert not got[table.shape[0]:].any()
+        assert stored.arrays.tables[name].sharding.spec == P("data")  # by rows, 8 ways
+    assert [x.shape for x in jax.tree.leaves(stored.like())] == [
+        np.shape(x) for x in jax.tree.leaves(host)]
+
+
+def _two_steps(tmp_path):
+    """A sync state written at two steps; (checkpoint dir, strategy, state at each step)."""
+    strat, s = _trained(SyncStrategy, SyncSetup, tiny_cfg("deepfm", rules=".*:row_wise"))
+    ck = ShardedCheckpointer(str(tmp_path / "ck"), strat.mesh)
+    first = jax.tree.map(np.asarray, strat.unshard(s))
+    ck.save(int(s.step), strat.logical(s), {"config": {}})
+    s, _ = strat.train_step(s, strat.put_batch(random_batch(ONE_HOT, 16, 7)))
+    second = jax.tree.map(np.asarray, strat.unshard(s))
+    ck.save(int(s.step), strat.logical(s), {"config": {}})  # commits the first, no read-back
+    ck.close()
+    assert sorted(ck._good) == [int(first.step), int(second.step)] and not ck._bad
+    return tmp_path / "ck", strat, first, second
+
+
+def test_a_damaged_shard_is_caught_on_restore_and_the_step_before_is_read(tmp_path, capsys):
+    """What the read-back at write time caught (bytes on disk that are not what was written)
+    is caught where the bytes are read: a byte flipped in every array file of the newest step
+    fails its wsum32s (or its decoding), and every reader falls back to the step before."""
+    directory, strat, first, second = _two_steps(tmp_path)
+    files = [p for p in (directory / str(int(second.step)) / "state").rglob("*")
+             if p.is_file() and p.parent.name == "d"]
+    assert files
+    for p in files:
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        p.write_bytes(bytes(data))
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), second)
+    for reader in (Checkpointer(str(directory)), ShardedCheckpointer(str(directory), strat.mesh)):
+        got, _ = reader.restore(like)
+        _tree_equal(jax.tree.map(np.asarray, got), first)
+        assert f"skipped damaged checkpoint step {int(second.step)}" in capsys.readouterr().out
+
+
+def test_the_commit_check_catches_a_step_without_all_its_arrays(tmp_path):
+    """The check when a save commits reads metadata only; it fails a step whose record or
+    orbax's array list is not the set of arrays written."""
+    directory, strat, first, second = _two_steps(tmp_path)
+    ck = ShardedCheckpointer(str(directory), strat.mesh)
+    step = int(second.step)
+    names = array_names(second)
+    assert ck._check_commit(step, names) is None
+    assert "does not name" in ck._check_commit(step, names[:-1])
+    path = directory / str(step) / "state" / "_METADATA"
+    meta = json.loads(path.read_text())
+    meta["tree_metadata"].pop(next(iter(meta["tree_metadata"])))
+    path.write_text(json.dumps(meta))
+    assert "lists" in ck._check_commit(step, names)
+    path.unlink()
+    assert "cannot be read" in ck._check_commit(step, names)

@@ -6,12 +6,15 @@ interval, and the restore time of a checkpoint written by 2 processes into 1, 2 
 **Save** (one `scripts/launch.py` job of 2 processes, sync on ``data=2``): ``repeats``
 interleaved triples of K = ``--every`` training steps: A without a checkpoint, C with the
 trainer's stop check after each step (`agree_any`, one collective), and B with a checkpoint:
-B starts a save (`ShardedCheckpointer.save`: the state in the single-device layout on the
-devices, its wsum32s, orbax's copy off the devices; the write and commit go on in orbax's
-thread), trains its K steps meanwhile, and then waits for the commit and reads the step back
-(`finish`, which a run does when its next save starts). The overhead at that interval is
-``median(B) / median(A) - 1``, the stop check's ``median(C) / median(A) - 1``; also
-reported: the blocking part of each save and of each finish, and a step's median time.
+B starts a save (`ShardedCheckpointer.save`: the state as stored, on the devices
+(`CheckpointLayout.logical`), its wsum32s, orbax's copy off the devices; the write and commit
+go on in orbax's threads), trains its K steps meanwhile, and then waits for the commit and
+checks it (`finish`, which a run does when its next save starts). The overhead at that
+interval is ``median(B) / median(A) - 1``, the stop check's ``median(C) / median(A) - 1``;
+also reported: the blocking part of each save and of each finish, their parts
+(``save_parts_s``: layout, checksums, orbax_save, commit_wait, commit_check), a step's median
+time, and the CPU seconds of both processes (every thread) in A and in B: their difference is
+what a save costs a host's cores, which a host with idle cores absorbs.
 
 **Restore**: the last checkpoint of the save job read by 1 process (`Checkpointer`, one
 device: what ``--algo gba`` and a 1-device resume do), by 2 and by 4 processes
@@ -42,6 +45,7 @@ def _worker(argv: list[str]) -> None:
     """One process of a job: `task["mode"]` is save or restore; process 0 writes the result."""
     import jax
     import numpy as np
+    from jax.experimental import multihost_utils
 
     from algorithms.sync import SyncSetup, SyncStrategy
     from recjax import cli
@@ -98,34 +102,59 @@ def _worker(argv: list[str]) -> None:
             jax.block_until_ready(m.loss)
             return time.perf_counter() - t
 
-        def interval() -> tuple[float, float, float]:
+        def cpu() -> float:  # CPU seconds of both processes, every thread (orbax's included)
+            return float(np.sum(multihost_utils.process_allgather(
+                np.float64(time.process_time()))))
+
+        def plain_interval() -> tuple[float, float]:
+            c = cpu()
+            return steps(k), cpu() - c
+
+        def interval() -> tuple[float, float, float, float, dict]:
+            c = cpu()
             t = time.perf_counter()
-            ckpt.save(step, strat.logical(s), {"config": {}})
+            stored = jax.block_until_ready(strat.logical(s))
+            t_layout = time.perf_counter() - t
+            ckpt.save(step, stored, {"config": {}})
+            del stored
             blocking = time.perf_counter() - t
+            parts = dict(ckpt.timings) | {"layout": t_layout}
             steps(k)
             t_fin = time.perf_counter()
             ckpt.finish()
-            return time.perf_counter() - t, blocking, time.perf_counter() - t_fin
+            parts |= {k_: v for k_, v in ckpt.timings.items() if k_.startswith("commit")}
+            end = time.perf_counter()
+            return end - t, blocking, end - t_fin, cpu() - c, parts
 
         steps(3)  # compile
         interval()  # compile the layout and checksum functions
-        plain, with_ckpt, blocking, finish, agreed = [], [], [], [], []
+        plain, with_ckpt, blocking, finish, agreed, parts = [], [], [], [], [], []
+        cpu_plain, cpu_ckpt = [], []
         for _ in range(task["repeats"]):
-            plain.append(steps(k))
+            t, c = plain_interval()
+            plain.append(t)
+            cpu_plain.append(c)
             agreed.append(steps(k, agree=True))
-            total, b, f = interval()
+            total, b, f, c, p = interval()
             with_ckpt.append(total)
             blocking.append(b)
             finish.append(f)
+            cpu_ckpt.append(c)
+            parts.append(p)
         ckpt.close()
         a, b = statistics.median(plain), statistics.median(with_ckpt)
+        save_cpu = statistics.median(cpu_ckpt) - statistics.median(cpu_plain)
         result |= {"every": k, "interval_plain_s": plain, "interval_with_save_s": with_ckpt,
                    "save_blocking_s": blocking, "finish_s": finish,
-                   "interval_with_stop_check_s": agreed,
+                   "interval_with_stop_check_s": agreed, "save_parts_s": parts,
+                   "cpu_plain_s": cpu_plain, "cpu_with_save_s": cpu_ckpt,
                    "step_s_median": a / k, "overhead": b / a - 1,
                    "stop_check_overhead": statistics.median(agreed) / a - 1,
                    "save_blocking_s_median": statistics.median(blocking),
-                   "finish_s_median": statistics.median(finish)}
+                   "finish_s_median": statistics.median(finish),
+                   "save_cpu_s_median": save_cpu,
+                   "save_parts_s_median": {key: statistics.median(p[key] for p in parts)
+                                           for key in parts[0]}}
     if lead:
         pathlib.Path(task["result"]).write_text(json.dumps(result))
 
@@ -163,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=50, help="steps per checkpoint interval (K)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--restore-repeats", type=int, default=3)
-    ap.add_argument("--restore-processes", default="1,2,4")
+    ap.add_argument("--restore-processes", default="1,2,4", help="'' for none")
     ap.add_argument("--timeout", type=float, default=3000.0)
     ap.add_argument("--json", default="", help="also write the report here")
     a, rest = ap.parse_known_args(argv)
@@ -175,7 +204,7 @@ def main(argv=None) -> int:
                                    "repeats": a.repeats}, args, a.timeout)}
         print(json.dumps(report["save"]), flush=True)
         report["restore"] = []
-        for p in map(int, a.restore_processes.split(",")):
+        for p in [int(x) for x in a.restore_processes.split(",") if x]:
             r = _job(p, {"mode": "restore", "dir": d, "repeats": a.restore_repeats}, args,
                      a.timeout)
             report["restore"].append(r)
