@@ -91,14 +91,17 @@ def _worker(argv: list[str]) -> None:
         k, step = task["every"], 0
         ckpt = ShardedCheckpointer(directory, setup.mesh, max_to_keep=2)
 
-        def steps(count: int, agree: bool = False) -> float:
+        def steps(count: int, agree: bool = False, marks: list | None = None) -> float:
             nonlocal s, step
             t = time.perf_counter()
-            for _ in range(count):
+            for i in range(count):
                 s, m = strat.train_step(s, placed[step % len(placed)])
                 step += 1
                 if agree:  # what the trainer does between steps (`recjax.train.loop`)
                     agree_any(False)
+                if marks is not None and (i + 1) % max(count // 10, 1) == 0:
+                    marks.append(time.perf_counter() - t)  # each tenth of the interval
+                    jax.block_until_ready(m.loss)
             jax.block_until_ready(m.loss)
             return time.perf_counter() - t
 
@@ -106,9 +109,9 @@ def _worker(argv: list[str]) -> None:
             return float(np.sum(multihost_utils.process_allgather(
                 np.float64(time.process_time()))))
 
-        def plain_interval() -> tuple[float, float]:
-            c = cpu()
-            return steps(k), cpu() - c
+        def plain_interval() -> tuple[float, float, list]:
+            c, marks = cpu(), []
+            return steps(k, marks=marks), cpu() - c, marks
 
         def interval() -> tuple[float, float, float, float, dict]:
             c = cpu()
@@ -119,7 +122,8 @@ def _worker(argv: list[str]) -> None:
             del stored
             blocking = time.perf_counter() - t
             parts = dict(ckpt.timings) | {"layout": t_layout}
-            steps(k)
+            parts["tenths"] = []
+            steps(k, marks=parts["tenths"])
             t_fin = time.perf_counter()
             ckpt.finish()
             parts |= {k_: v for k_, v in ckpt.timings.items() if k_.startswith("commit")}
@@ -129,10 +133,11 @@ def _worker(argv: list[str]) -> None:
         steps(3)  # compile
         interval()  # compile the layout and checksum functions
         plain, with_ckpt, blocking, finish, agreed, parts = [], [], [], [], [], []
-        cpu_plain, cpu_ckpt = [], []
+        cpu_plain, cpu_ckpt, tenths = [], [], []
         for _ in range(task["repeats"]):
-            t, c = plain_interval()
+            t, c, marks = plain_interval()
             plain.append(t)
+            tenths.append(marks)
             cpu_plain.append(c)
             agreed.append(steps(k, agree=True))
             total, b, f, c, p = interval()
@@ -153,8 +158,9 @@ def _worker(argv: list[str]) -> None:
                    "save_blocking_s_median": statistics.median(blocking),
                    "finish_s_median": statistics.median(finish),
                    "save_cpu_s_median": save_cpu,
+                   "plain_tenths_s": tenths,
                    "save_parts_s_median": {key: statistics.median(p[key] for p in parts)
-                                           for key in parts[0]}}
+                                           for key in parts[0] if key != "tenths"}}
     if lead:
         pathlib.Path(task["result"]).write_text(json.dumps(result))
 
@@ -194,12 +200,14 @@ def main(argv=None) -> int:
     ap.add_argument("--restore-repeats", type=int, default=3)
     ap.add_argument("--restore-processes", default="1,2,4", help="'' for none")
     ap.add_argument("--timeout", type=float, default=3000.0)
+    ap.add_argument("--dir", default="", help="write the checkpoints under this directory "
+                    "(default: the system's temporary directory)")
     ap.add_argument("--json", default="", help="also write the report here")
     a, rest = ap.parse_known_args(argv)
     args = ["--config", a.config, "--no-progress", *rest]
     load = os.getloadavg()
-    with tempfile.TemporaryDirectory() as d:
-        report = {"config": a.config, "load_before": load,
+    with tempfile.TemporaryDirectory(dir=a.dir or None) as d:
+        report = {"config": a.config, "load_before": load, "dir": a.dir or tempfile.gettempdir(),
                   "save": _job(2, {"mode": "save", "dir": d, "every": a.every,
                                    "repeats": a.repeats}, args, a.timeout)}
         print(json.dumps(report["save"]), flush=True)
