@@ -43,3 +43,18 @@ def smoke_study(name: str, out: pathlib.Path) -> dict:
                     "synthetic", "--out", str(out)], check=True, capture_output=True, cwd=ROOT,
                    env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
     return json.loads((out / f"{name}_study.json").read_text())
+
+
+def spy_blocks(monkeypatch, source_cls) -> list[bool]:
+    """Record, per block the reader's whole-block path is offered, whether `source_cls`'s
+    ``convert_block`` took it whole (True) or declined it to the token path (False)."""
+    calls: list[bool] = []
+    real = source_cls.convert_block
+
+    def spy(self, cols):
+        out = real(self, cols)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(source_cls, "convert_block", spy)
+    return calls

@@ -19,6 +19,7 @@ from recjax.data import readers
 from recjax.data.base import DataError
 from recjax.data.criteo import CriteoSource
 from recjax.data.sources import open_source
+from tests.conftest import spy_blocks
 
 PROPS = settings(database=None, derandomize=True, deadline=None, max_examples=100)
 
@@ -94,15 +95,7 @@ def test_the_fast_path_runs_and_declines(tmp_path, monkeypatch):
     path = tmp_path / "x.tsv"
     path.write_bytes(good * 5 + bad + good * 4)
     monkeypatch.setattr(readers, "PARSE_BLOCK", 3)
-    calls = []
-    real = CriteoSource.convert_block
-
-    def spy(self, cols):
-        out = real(self, cols)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(CriteoSource, "convert_block", spy)
+    calls = spy_blocks(monkeypatch, CriteoSource)
     src = CriteoSource(path, skip_bad_lines=True)
     rows = np.concatenate([c.row for c in src.chunks()])
     assert calls == [True, False, True, True] and rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9]

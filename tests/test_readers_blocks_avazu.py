@@ -19,7 +19,7 @@ from recjax.data import readers
 from recjax.data.avazu import AvazuSource
 from recjax.data.base import DataError
 from recjax.data.sources import open_source
-from tests.conftest import data_path
+from tests.conftest import data_path, spy_blocks
 
 PROPS = settings(database=None, derandomize=True, deadline=None, max_examples=100)
 
@@ -106,15 +106,7 @@ def test_avazu_whole_blocks_read_as_token_by_token(data, opts):
 def test_avazu_samples_read_as_token_by_token(name, opts, monkeypatch):
     """The shared samples, every block whole (the spy counts), equal to token by token."""
     path = str(data_path("avazu_9k", name))
-    calls = []
-    real = AvazuSource.convert_block
-
-    def spy(self, cols):
-        out = real(self, cols)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(AvazuSource, "convert_block", spy)
+    calls = spy_blocks(monkeypatch, AvazuSource)
     fast = _pass(path, True, **opts)
     assert calls and all(calls)
     _assert_same(fast, _pass(path, False, **opts))
@@ -147,15 +139,7 @@ def test_avazu_fast_path_declines_a_bad_block(tmp_path, monkeypatch):
     path = tmp_path / "x.csv"
     path.write_bytes(good * 5 + bad + good * 4)
     monkeypatch.setattr(readers, "PARSE_BLOCK", 3)
-    calls = []
-    real = AvazuSource.convert_block
-
-    def spy(self, cols):
-        out = real(self, cols)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(AvazuSource, "convert_block", spy)
+    calls = spy_blocks(monkeypatch, AvazuSource)
     src = AvazuSource(path, skip_bad_lines=True)
     rows = np.concatenate([c.row for c in src.chunks()])
     assert calls == [True, False, True, True] and rows.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9]
