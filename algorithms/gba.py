@@ -55,6 +55,7 @@ from typing import Any, Literal, get_args
 import jax
 import numpy as np
 
+from algorithms import gba_rows
 from algorithms.gba_counts import Stats, additive, whole_run
 from algorithms.gba_tags import RowTags
 from algorithms.runtime import (
@@ -359,7 +360,7 @@ class GbaServer:
         for e in kept:
             self.stats.dense_staleness[k - e.version] += 1
         if kept:
-            total = _tree_sum([e.dense for e in kept])
+            total = gba_rows.tree_sum([e.dense for e in kept])
             mean = total if u.denominator == 1 else _tree_scale(total, 1.0 / u.denominator)
             self.params, self.opt_state = rt.dense_apply(self.params, self.opt_state, mean)
         # App. B Alg. 2 l. 20-21: the dense part is judged by k - token (Eq. 1), each embedding
@@ -406,7 +407,7 @@ class GbaServer:
         stale_all = []
         version = np.array([e.version for e in entries], np.int64)
         token = np.array([e.token for e in entries], np.int64)  # t of each gradient
-        for group in _by_dim(rt.model.layout.tables):
+        for group in gba_rows.by_dim(rt.model.layout.tables):
             # every table of one row width at once (issue 35: ~30 numpy calls per update, not
             # per table); row r is table tix[r]'s id ids[r] from gradient eix[r], in table
             # then buffer order, so each (table, id)'s rows sort in buffer order as before
@@ -428,27 +429,8 @@ class GbaServer:
             else:
                 ok = np.asarray(keep, bool)[eix]
             stale_all.append(np.maximum(tag - version[eix], 0)[ok])
-            order = np.lexsort((ids, tix))  # stable: equal ids in buffer (index) order
-            ids, tix, g, ok = ids[order], tix[order], g[order], ok[order]
-            if ids.size:
-                new = np.r_[True, (ids[1:] != ids[:-1]) | (tix[1:] != tix[:-1])]
-                starts = np.flatnonzero(new)
-                touched = np.diff(np.r_[starts, ids.size])  # gradients that met each id
-                alive = np.add.reduceat(ok, starts) > 0  # ids with a row of f = 1
-            else:
-                touched, alive = np.zeros(0, np.int64), np.zeros(0, bool)
-            ids, tix, g = ids[ok], tix[ok], g[ok]
-            if ids.size:
-                starts = np.flatnonzero(np.r_[True, (ids[1:] != ids[:-1])
-                                              | (tix[1:] != tix[:-1])])
-                uniq, utix = ids[starts], tix[starts]
-                summed = np.add.reduceat(g, starts, axis=0)
-            else:  # every row of these tables was dropped as stale
-                uniq, utix, summed = ids, tix, g
-            if gc.embedding_mean == "touched":
-                summed /= touched[alive][:, None].astype(np.float32)
-            else:
-                summed /= np.float32(n_entries)
+            uniq, utix, summed = gba_rows.aggregate(ids, tix, g, ok,
+                                                    gc.embedding_mean == "touched", n_entries)
             cut = np.searchsorted(utix, np.arange(len(group) + 1))
             for i, t in enumerate(group):
                 u_t = uniq[cut[i]:cut[i + 1]]
@@ -488,28 +470,6 @@ class GbaServer:
             "dense_staleness": histogram_summary(dict(s.dense_staleness)),
             "embedding_staleness": emb,
         }
-
-
-def _by_dim(tables) -> list[list]:
-    """The tables grouped by row width (their rows stack), each group in layout order."""
-    groups: dict[int, list] = {}
-    for t in tables:
-        groups.setdefault(t.embedding_dim, []).append(t)
-    return list(groups.values())
-
-
-def _tree_sum(trees: list) -> Any:
-    """``((t0 + t1) + t2) + ...`` leaf by leaf, in numpy: the sum the update divides by M
-    (Alg. 2 l. 22), added in buffer order. Each tree is flattened once and the partial sums are
-    added into in place (a global step sums 32 gradients of ~25 leaves: issue 35)."""
-    if len(trees) == 1:
-        return trees[0]
-    leaves, tree = jax.tree.flatten(trees[0])
-    acc = [np.asarray(np.add(a, b)) for a, b in zip(leaves, jax.tree.leaves(trees[1]))]
-    for t in trees[2:]:
-        for a, b in zip(acc, jax.tree.leaves(t)):
-            np.add(a, b, out=a)
-    return jax.tree.unflatten(tree, acc)
 
 
 def _tree_scale(a, c: float):

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algorithms.gba import MODES, _tree_sum, admits, aggregation
+from algorithms.gba import MODES, admits, aggregation
+from algorithms.gba_rows import tree_sum as _tree_sum
 
 
 @dataclasses.dataclass
