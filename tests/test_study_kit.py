@@ -220,3 +220,44 @@ def test_a_metric_no_run_reports_and_a_study_with_no_data_are_errors(tmp_path, c
     gone = dataclasses.replace(STUDY, datasets={"synthetic": {"data.train": "criteo:no/such.tsv"}})
     assert study_kit.main(gone, ["--quick", "--out", str(tmp_path / "b")], FakeRun()) == 2
     assert "no dataset of the study could run" in capsys.readouterr().err
+
+
+def test_a_stop_signal_as_a_segment_finishes_stops_the_study_after_its_record(tmp_path):
+    """A trainer that gets SIGINT after its last step finishes its run (nothing is left to stop);
+    the study must still stop at that segment boundary, keeping the finished record, and the
+    same command goes on from there (before this, it was lost and the study ran on)."""
+    import signal
+
+    from recjax.train import signals
+
+    class SignalledRun(FakeRun):
+        def __call__(self, cfg):
+            with signals.stop_requests() as stop:  # as `signals.graceful` wraps a trainer
+                s = super().__call__(cfg)
+                if len(self.calls) == 3:
+                    stop.handler(signal.SIGINT, None)  # arrives after the run's last step
+            return s
+
+    cut = SignalledRun()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_study(STUDY, "quick", str(tmp_path), cut, log=lambda s: None)
+    assert len(cut.calls) == 3
+    rows = (tmp_path / "synthetic" / "segments.jsonl").read_text().splitlines()
+    assert len(rows) == 3  # the third segment's record is kept
+    again = FakeRun()
+    runner.run_study(STUDY, "quick", str(tmp_path), again, log=lambda s: None)
+    assert len(again.calls) == 3 * 14 - 3
+    assert signals.requested() == 0  # nothing is left active
+
+
+def test_signals_an_inner_block_received_reach_the_enclosing_one():
+    import signal
+
+    from recjax.train import signals
+
+    with signals.stop_requests() as outer:
+        with signals.stop_requests() as inner:
+            inner.handler(signal.SIGTERM, None)
+            assert outer.count == 0 and signals.requested() == 1
+        assert outer.signals == [signal.SIGTERM] and signals.requested() == 1
+    assert signals.requested() == 0

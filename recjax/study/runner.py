@@ -34,6 +34,7 @@ from recjax.config import Config, apply_overrides
 from recjax.data.sources import DataError, resolve_path
 from recjax.runlog import read_summary
 from recjax.study.spec import Arm, Size, Study
+from recjax.train import signals
 from recjax.train.contract import committed_steps, subtract_counts
 
 RunFn = Callable[[Config], dict]
@@ -187,6 +188,16 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
     size: Size = study.sizes[size_name]
     seeds = tuple(seeds or size.seeds)
     compile_cache.enable("auto")  # every segment rebuilds its jitted functions: loads, not compiles
+    # a stop signal between segments, or one that came as a run finished (its trainer hands it
+    # on: `signals.stop_requests`), stops the study at the next segment boundary
+    with signals.stop_requests():
+        return _run_study(study, size_name, out, run, datasets, seeds, log)
+
+
+def _run_study(study: Study, size_name: str, out: str, run: RunFn,
+               datasets: list[str] | None, seeds: tuple[int, ...],
+               log: Callable[[str], None]) -> dict:
+    size: Size = study.sizes[size_name]
     ref = study.arm(study.reference)
     results = {}
     for ds in datasets or list(study.datasets):
@@ -255,6 +266,8 @@ class _Segments:
                                  "run under other settings (another size, or the study file "
                                  "changed since); use another --out, or delete that one")
             return
+        if signals.requested():  # e.g. one that came as the previous segment finished
+            raise KeyboardInterrupt
         t = time.perf_counter()
         row = {"seed": seed, "arm": arm, "phase": phase, "chunk": chunk,
                "config": fingerprint(cfg), **_run_segment(self.run, cfg, self.study),

@@ -11,7 +11,10 @@ While a trainer runs under `stop_requests`, the first SIGINT or SIGTERM only rec
 A second signal means "stop now": with ``raise_on_second`` it raises KeyboardInterrupt at once
 (a stuck data read or eval can be left); otherwise the trainer reads ``count >= 2`` itself (the
 virtual clock, which must not be cut inside a role). A signal that arrives while a checkpoint
-is written is held by `recjax.checkpoint` and delivered here after the commit.
+is written is held by `recjax.checkpoint` and delivered here after the commit. Blocks nest: the
+signals an inner block received are handed to the enclosing one when it ends, so a caller that
+runs trainers one after another (a study's segments) sees a signal that came as a run finished,
+which the run itself had no step left to act on.
 
 `exit_quietly` is for the very end: a Ctrl-C while Python shuts down (JAX's atexit hooks) used
 to print a traceback after the run had already stopped with exit code 130.
@@ -80,6 +83,8 @@ def stop_requests(raise_on_second: bool = True,
         _ACTIVE.remove(req)
         for s, h in old.items():
             signal.signal(s, signal.SIG_DFL if h is None else h)
+        if req.signals and _ACTIVE:  # an enclosing block (a study's segments) sees them too
+            _ACTIVE[-1].signals.extend(req.signals)
 
 
 def requested() -> int:
