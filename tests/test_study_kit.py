@@ -261,3 +261,40 @@ def test_signals_an_inner_block_received_reach_the_enclosing_one():
             assert outer.count == 0 and signals.requested() == 1
         assert outer.signals == [signal.SIGTERM] and signals.requested() == 1
     assert signals.requested() == 0
+
+
+def test_a_base_arm_scratch_arms_and_a_dataset_schedule(tmp_path):
+    """`Study.base` trains every seed's base (named apart from the arms), a scratch arm runs once
+    from scratch at its own length while the others continue from the base, and a dataset with
+    its own schedule (`Size.schedules`) runs from scratch in one whole run."""
+    base = Arm("warm", {"train.algo": "single", "train.batch_size": 32})
+    st = dataclasses.replace(
+        STUDY, base=base,
+        arms=(*STUDY.arms, Arm("s", {"train.algo": "async", "train.steps": 7}, scratch=True)),
+        datasets={"synthetic": {}, "other": {}},
+        sizes={"quick": Size(base=10, chunk=5, chunks=2, back_at=1, seeds=(0,),
+                             schedules={"other": {"base": 0, "chunk": 0, "chunks": 1,
+                                                  "back_at": 0}})})
+    run = FakeRun()
+    runner.run_study(st, "quick", str(tmp_path), run, datasets=["synthetic", "other"],
+                     log=lambda s: None)
+    w = str(tmp_path / "work" / "synthetic" / "seed0")
+    want = [(f"{w}/base", "single", "gba", 10, 0, False, 32, None)]
+    for name, algo, mode in (("ref", "single", "gba"), ("a", "async", "gba"), ("b", "gba", "bsp")):
+        want += [(f"{w}/{name}", algo, mode, steps, 0, True, 64, steps - 5) for steps in (15, 20)]
+    want.append((f"{w}/s", "async", "gba", 7, 0, False, 64, None))  # its own length, fresh
+    want += [(f"{w}/{n}-back", "single", "gba", 20, 0, True, 64, 15) for n in ("a", "b")]
+    o = str(tmp_path / "work" / "other" / "seed0")
+    want += [(f"{o}/{n}", algo, mode, steps, 0, False, 64, None)
+             for n, algo, mode, steps in (("ref", "single", "gba", 0), ("a", "async", "gba", 0),
+                                          ("b", "gba", "bsp", 0), ("s", "async", "gba", 7))]
+    assert run.calls == want
+    rows = [json.loads(x) for x in
+            (tmp_path / "synthetic" / "segments.jsonl").read_text().splitlines()]
+    assert [(r["arm"], r["phase"]) for r in rows][0] == ("warm", "base")
+    with pytest.raises(ValueError, match="base run's name"):
+        dataclasses.replace(st, base=Arm("a"))
+    with pytest.raises(ValueError, match="only base, chunk"):
+        Size(base=1, chunk=1, chunks=1, seeds=(0,), schedules={"x": {"seeds": (1,)}})
+    with pytest.raises(ValueError, match="back_at"):
+        Size(base=1, chunk=1, chunks=2, seeds=(0,), schedules={"x": {"base": 0, "back_at": 1}})

@@ -94,6 +94,14 @@ def test_the_full_size_is_the_papers_scale_with_matched_sync_gaps():
         assert abs(pause / 1.28 - k) / k < 0.05, (arm, pause)
     assert _cfg("FR-EASGD k=5", size="full").runtime.trainers == 16
     assert _cfg("S-EASGD n=2", size="full").runtime.trainers == 2  # the sweep sets its own
+    # every arm from a shared single-trainer base, 400 iterations per worker after it (k = 100
+    # syncs 4 times), one pass; the sweeps and Frappe from scratch
+    full = STUDY.sizes["full"]
+    assert (full.base, full.chunk, full.chunks) == (1024, 400 * 32, 1)
+    assert s.synthetic.n_train == (1024 + 400 * 32) * 128
+    assert STUDY.base_arm.overrides == {"train.algo": "single"}
+    assert all(a.scratch == (" n=" in a.name) for a in STUDY.arms_for("synthetic", "full"))
+    assert (full.for_dataset("frappe").base, full.for_dataset("frappe").chunk) == (0, 0)
 
 
 def test_the_sync_link_carries_one_exchange_per_two_iterations():

@@ -264,7 +264,9 @@ def markdown(study: Study, results: dict[str, list[dict]], command: str, seconds
     for ds, rows in results.items():
         seeds = sorted({r["seed"] for r in rows})
         chunks = sorted({r["chunk"] for r in rows if r["phase"] == "forward"})
-        start = (f"each starts every arm from its own base run (`{study.reference}`)"
+        start = (f"each starts every arm from its own base run (`{study.base_arm.name}`)"
+                 + ("" if not any(a.scratch for a in study.all_arms)
+                    else ", but the sweeps' arms, which train from scratch")
                  if any(r["phase"] == "base" for r in rows) else
                  "every arm trains from scratch (a seed fixes the init, the data order and the "
                  "eval rows of every arm)")

@@ -12,7 +12,8 @@ The algorithms are reached through the `run` function the entry point passes in
 * ``work/<dataset>/seed<S>/<arm>``: the run directories (checkpoints, the last summary.json);
   an arm starts as a copy of its seed's ``base`` (copied to a temporary name, then renamed), a
   switch back as a copy of the arm at chunk ``back_at``; with no base run (``Size.base = 0``)
-  an arm starts in an empty directory.
+  an arm starts in an empty directory, and so does a scratch arm (`Arm.scratch`: one whole run
+  of its own length) at any size.
 
 A segment cut short (Ctrl-C, a crash) is resumed from its directory's checkpoint; one whose
 checkpoint reached its step before its record was written is read back from its summary.json.
@@ -172,7 +173,7 @@ def describe(study: Study, size_name: str, dataset: str) -> dict | None:
     data = dataset_overrides(study, dataset)
     if study.describe is None or data is None:
         return None
-    size = study.sizes[size_name]
+    size = study.sizes[size_name].for_dataset(dataset)
     return study.describe(segment_config(study, size, data, study.arm(study.reference),
                                          size.seeds[0], "", size.chunk, False, dataset))
 
@@ -197,10 +198,10 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
 def _run_study(study: Study, size_name: str, out: str, run: RunFn,
                datasets: list[str] | None, seeds: tuple[int, ...],
                log: Callable[[str], None]) -> dict:
-    size: Size = study.sizes[size_name]
-    ref = study.arm(study.reference)
+    ref, first = study.arm(study.reference), study.base_arm
     results = {}
     for ds in datasets or list(study.datasets):
+        size: Size = study.sizes[size_name].for_dataset(ds)
         data = dataset_overrides(study, ds)
         if data is None:
             log(f"{ds}: skipped, its data file {study.datasets[ds]['data.train']!r} is not under "
@@ -213,11 +214,14 @@ def _run_study(study: Study, size_name: str, out: str, run: RunFn,
             work = os.path.join(out, "work", ds, f"seed{seed}")
             base = os.path.join(work, "base")
             if size.base:
-                segment(seed, ref.name, "base", 0, base, size.base, ref)
+                segment(seed, first.name, "base", 0, base, size.base, first)
             for arm in arms:
                 if arm.seeds and i >= arm.seeds:  # it runs on the first arm.seeds seeds only
                     continue
                 d = os.path.join(work, arm.name)
+                if size.base and arm.scratch:  # its own whole run, from scratch
+                    segment(seed, arm.name, "forward", 1, d, 0, arm)
+                    continue
                 if size.base and not os.path.isdir(d):
                     _copy(base, d)
                 for j in range(1, size.chunks + 1):
@@ -232,7 +236,7 @@ def _run_study(study: Study, size_name: str, out: str, run: RunFn,
                         _copy(d, back)
             if size.back_at:
                 for arm in arms:
-                    if arm is ref or (arm.seeds and i >= arm.seeds):
+                    if arm is ref or arm.scratch or (arm.seeds and i >= arm.seeds):
                         continue
                     d = os.path.join(work, arm.name + "-back")
                     for j in range(size.back_at + 1, size.chunks + 1):

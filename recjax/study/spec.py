@@ -38,6 +38,8 @@ class Arm:
       datasets: the datasets it runs on (default: every one).
       seeds: how many of the run's seeds it runs, the first ones (0: all): a measurement the
         seed does not change (virtual-clock throughput) needs two for its interval, not all.
+      scratch: one whole run from scratch (its own length) even at a size with a base run: a
+        throughput sweep, which shares no model with the other arms.
     """
 
     name: str
@@ -45,6 +47,7 @@ class Arm:
     label: str = ""
     datasets: tuple[str, ...] = ()
     seeds: int = 0
+    scratch: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,9 @@ class Size:
       overrides: config overrides of this size (data sizes, eval rows).
       datasets: dataset name -> config overrides of this size for that dataset only, after
         `overrides` (e.g. one dataset's epochs at this size).
+      schedules: dataset name -> this size's schedule for that dataset (``base``, ``chunk``,
+        ``chunks``, ``back_at``) where it differs (e.g. a small real dataset from scratch in
+        one pass, where the synthetic task has a base run): `for_dataset`.
     """
 
     base: int
@@ -70,6 +76,7 @@ class Size:
     back_at: int = 0
     overrides: dict = dataclasses.field(default_factory=dict)
     datasets: dict = dataclasses.field(default_factory=dict)
+    schedules: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         whole_run = self.base == 0 and self.chunks == 1  # may take the config's length
@@ -80,6 +87,16 @@ class Size:
         if not 0 <= self.back_at < self.chunks or (self.back_at and not self.base):
             raise ValueError(f"back_at={self.back_at} must be in [0, chunks={self.chunks}), and "
                              "0 without a base run")
+        for ds, sched in self.schedules.items():
+            if set(sched) - {"base", "chunk", "chunks", "back_at"}:
+                raise ValueError(f"the schedule of {ds} sets {sorted(sched)}: only base, chunk, "
+                                 "chunks and back_at")
+            self.for_dataset(ds)  # each one valid
+
+    def for_dataset(self, dataset: str) -> Size:
+        """This size with `dataset`'s own schedule (`schedules`), if it has one."""
+        sched = self.schedules.get(dataset)
+        return dataclasses.replace(self, schedules={}, **sched) if sched else self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +116,7 @@ class Sweep:
       metrics: the summary keys its tables show (default: the study's metric); each one the
         study's metric or in `Study.metrics`.
       seeds: how many of the run's seeds its arms run (`Arm.seeds`; 0: all).
+      scratch: its arms are whole runs from scratch (`Arm.scratch`).
     """
 
     name: str
@@ -110,6 +128,7 @@ class Sweep:
     scaled: dict = dataclasses.field(default_factory=dict)
     metrics: tuple[str, ...] = ()
     seeds: int = 0
+    scratch: bool = False
 
     def arms(self, size: str | None = None) -> tuple[Arm, ...]:
         """Its arms at `size` (every size's, in value order, without the scaled keys, when
@@ -120,7 +139,8 @@ class Sweep:
         return tuple(Arm(f"{pre}{self.name}={v}",
                          {**self.overrides, self.key: v,
                           **{k: per[size] * v for k, per in self.scaled.items() if size in per}},
-                         f"{pre}{self.name} = {v}", self.datasets, self.seeds) for v in vals)
+                         f"{pre}{self.name} = {v}", self.datasets, self.seeds, self.scratch)
+                     for v in vals)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +196,10 @@ class Study:
         $RECJAX_DATA; a dataset whose file is absent is skipped, and says so); the key
         ``config`` names the dataset's own named config (a size's ``config`` wins over it).
       arms: the arms; `reference` is one of them.
-      reference: the no-switch arm (the base run's settings; what `back_at` returns to).
+      reference: the no-switch arm (the base run's settings unless `base` is given; what
+        `back_at` returns to).
+      base: the base run's settings when they are not the reference arm's (ShadowSync: every
+        arm continues from one single-trainer model); its records are named after it.
       sizes: ``smoke`` / ``quick`` / ``full`` -> `Size`.
       claims: the paper's claims this study scores.
       metric: the summary key compared (higher is better for AUC).
@@ -209,12 +232,16 @@ class Study:
     sweeps: tuple[Sweep, ...] = ()
     describe: Callable[[Any], dict] | None = None
     overview: bool = False
+    base: Arm | None = None
 
     def __post_init__(self):
         names = [a.name for a in self.all_arms]
         if len(set(names)) != len(names) or self.reference not in [a.name for a in self.arms]:
             raise ValueError(f"study {self.name}: arm names must be unique and include the "
                              f"reference {self.reference!r}: {names}")
+        if self.base is not None and self.base.name in names:
+            raise ValueError(f"study {self.name}: the base run's name {self.base.name!r} is an "
+                             "arm's; name it apart (its records are the base phase)")
         known = set(self.datasets)
         for a in self.all_arms:
             if set(a.datasets) - known:
@@ -246,3 +273,8 @@ class Study:
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.all_arms if a.name == name)
+
+    @property
+    def base_arm(self) -> Arm:
+        """The base run's settings: `base`, else the reference arm."""
+        return self.base or self.arm(self.reference)
