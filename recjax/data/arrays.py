@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from recjax.batch import Chunk
-from recjax.data.base import DataError, ReadStats
+from recjax.data.base import DataError, ReadStats, even_chunk_sizes
 from recjax.features import FeatureSpec, FieldSpec
 
 
@@ -162,8 +162,7 @@ class ArraySource:
         return True
 
     def chunk_sizes(self) -> list[int]:
-        full, rest = divmod(self.num_rows, self.chunk_rows)
-        return [self.chunk_rows] * full + ([rest] if rest else [])
+        return even_chunk_sizes(self.num_rows, self.chunk_rows)
 
     def chunk_row_ids(self, c: int) -> np.ndarray:
         lo = c * self.chunk_rows

@@ -92,3 +92,10 @@ class DataSource(Protocol):
     def chunks(self) -> Iterator[Chunk]:
         """One pass over the source in its own order; ``row`` counts examples from 0."""
         ...
+
+
+def even_chunk_sizes(rows: int, chunk_rows: int) -> list[int]:
+    """A seekable source's ``chunk_sizes`` (`recjax.data.seek`) when its chunks are runs of
+    `chunk_rows` examples and a shorter last one."""
+    full, rest = divmod(rows, chunk_rows)
+    return [chunk_rows] * full + ([rest] if rest else [])

@@ -53,7 +53,7 @@ import numpy as np
 
 from recjax.batch import Chunk, concat_chunks, take
 from recjax.concurrency import ordered_map
-from recjax.data.base import DataError, ReadStats
+from recjax.data.base import DataError, ReadStats, even_chunk_sizes
 from recjax.data.hashing import TAG_HASHED, add_field, hash_keys, unpack_raw
 from recjax.features import RAW_VOCAB, FeatureSpec, FieldSpec
 
@@ -409,8 +409,7 @@ class ParquetSource:
         return True
 
     def chunk_sizes(self) -> list[int]:
-        full, rest = divmod(self.num_rows, self.chunk_rows)
-        return [self.chunk_rows] * full + ([rest] if rest else [])
+        return even_chunk_sizes(self.num_rows, self.chunk_rows)
 
     def chunk_row_ids(self, c: int) -> np.ndarray:
         """The ``row`` of chunk `c`'s examples: that column alone of its row groups."""

@@ -26,7 +26,7 @@ import numpy as np
 from recjax.batch import Chunk, take
 from recjax.concurrency import ordered_map
 from recjax.config_fields import RESUMABLE, check_choices
-from recjax.data.base import ReadStats
+from recjax.data.base import ReadStats, even_chunk_sizes
 from recjax.features import FeatureSpec, FieldSpec
 
 # Criteo Kaggle cardinalities (DLRM's preprocessing), used by the "criteo" preset.
@@ -314,8 +314,7 @@ class SyntheticSource:
         return True
 
     def chunk_sizes(self) -> list[int]:
-        full, rest = divmod(self.num_rows, self.CHUNK)
-        return [self.CHUNK] * full + ([rest] if rest else [])
+        return even_chunk_sizes(self.num_rows, self.CHUNK)
 
     def chunk_row_ids(self, c: int) -> np.ndarray:
         lo = c * self.CHUNK
