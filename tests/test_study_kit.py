@@ -149,7 +149,11 @@ def test_the_gba_study_file_names_the_papers_effects():
     # App. Tables 6.4 / 6.8, row "Average" (baseline - GBA)
     assert effects[("bsp", "forward")] == -0.0034 and effects[("hop_bs", "back")] == -0.0009
     assert {a.name for a in study.arms} == {"single", "gba", "sync", "async", "hop_bs", "bsp",
-                                            "hop_bw"}
+                                            "hop_bw", "gba mean=buffer"}
+    buffer = study.arm("gba mean=buffer").overrides
+    assert (buffer["gba.mode"], buffer["gba.embedding_mean"]) == ("gba", "buffer")
+    assert {(c.phase, c.reference) for c in study.claims if c.arm == "gba mean=buffer"} == {
+        ("forward", "single"), ("back", "single")}
     # issue 35's full size: 32 workers of 32 rows, b2 = b3 = 20% of them, 1M eval rows; the
     # baselines also at their own local batch (Table 5.1), on the same 1024 rows per step
     full = study.sizes["full"].overrides
