@@ -174,14 +174,15 @@ def test_the_gba_study_at_smoke_size_hands_over_every_global_step(tmp_path):
     got = smoke_study("gba", tmp_path)
     rows = got["results"]["synthetic"]
     fw = [r for r in rows if r["phase"] == "forward"]
-    assert {r["arm"] for r in fw} == {"single", "gba", "sync", "async", "hop_bs", "bsp", "hop_bw"}
+    assert {r["arm"] for r in fw} == {"single", "gba", "sync", "async", "hop_bs", "bsp", "hop_bw",
+                                      "gba mean=buffer"}
     for r in fw:  # base 3, chunks of 2: each segment goes on from the last one's step
         assert r["step"] == 3 + 2 * r["chunk"] and r["resumed_from_step"] == r["step"] - 2
     for r in fw:
         if r["arm"] not in ("single", "hop_bw"):  # every data-list entry (M = 4) applied
             assert r["gradients_applied"] + r["dropped_gradients"] == 4 * 2
     back = [r for r in rows if r["phase"] == "back"]
-    assert len(back) == 6 and all(r["resumed_from_step"] == 5 for r in back)
+    assert len(back) == 7 and all(r["resumed_from_step"] == 5 for r in back)
     text = (tmp_path / "gba_study.md").read_text()
     assert "### Claims" in text and "| gba |" in text
     assert (tmp_path / "gba_study.svg").exists() and (tmp_path / "gba_study.png").exists()
