@@ -1,15 +1,16 @@
 """What a study file declares: arms, sizes, claims (big_vision's config-as-a-file manner).
 
-A study compares arms on the same seeds. Per seed, a *base* run (the reference arm's settings)
-trains ``base`` steps and checkpoints; every arm continues from a copy of that checkpoint in
-``chunks`` segments of ``chunk`` steps (one ``--resume`` each, evaluated at its end): the
+A study compares arms on the same seeds. Per seed, a *base* run (the reference arm's settings,
+or `Study.base`'s) trains ``base`` steps and checkpoints; every arm continues from a copy of
+that checkpoint in ``chunks`` segments of ``chunk`` steps (one ``--resume`` each, evaluated at its end): the
 papers' protocol of switching a sync-trained model to another algorithm (GBA Fig. 6), and a
 paired design (every arm of a seed shares the base model, the data order and the eval rows).
 With ``back_at`` every arm but the reference also hands its checkpoint after that many chunks
 back to the reference arm for the remaining chunks (GBA Fig. 6 d-f, "back to sync").
 With ``base = 0`` every arm trains from scratch instead (the papers' protocol of comparing
 whole runs, e.g. Persia Table 2), still paired: a seed fixes the init, the data order and the
-eval rows of every arm.
+eval rows of every arm; so does a scratch arm (`Arm.scratch`, a throughput sweep) at any size,
+and a dataset may have its own schedule (`Size.schedules`).
 
 A `Sweep` adds arms that differ in one setting (a table and a curve of the metric against it);
 a claim may compare any two arms, on the study's metric or another summary key (`Study.metrics`),
