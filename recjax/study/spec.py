@@ -2,9 +2,9 @@
 
 A study compares arms on the same seeds. Per seed, a *base* run (the reference arm's settings,
 or `Study.base`'s) trains ``base`` steps and checkpoints; every arm continues from a copy of
-that checkpoint in ``chunks`` segments of ``chunk`` steps (one ``--resume`` each, evaluated at its end): the
-papers' protocol of switching a sync-trained model to another algorithm (GBA Fig. 6), and a
-paired design (every arm of a seed shares the base model, the data order and the eval rows).
+that checkpoint in ``chunks`` segments of ``chunk`` steps (one ``--resume`` each, evaluated at
+its end): the papers' protocol of switching a sync-trained model to another algorithm (GBA
+Fig. 6), and a paired design (every arm of a seed shares the base model, the data order and the eval rows).
 With ``back_at`` every arm but the reference also hands its checkpoint after that many chunks
 back to the reference arm for the remaining chunks (GBA Fig. 6 d-f, "back to sync").
 With ``base = 0`` every arm trains from scratch instead (the papers' protocol of comparing
