@@ -100,8 +100,8 @@ def _worker(argv: list[str]) -> None:
                 if agree:  # what the trainer does between steps (`recjax.train.loop`)
                     agree_any(False)
                 if marks is not None and (i + 1) % max(count // 10, 1) == 0:
-                    marks.append(time.perf_counter() - t)  # each tenth of the interval
-                    jax.block_until_ready(m.loss)
+                    jax.block_until_ready(m.loss)  # each tenth of the interval, done
+                    marks.append(time.perf_counter() - t)
             jax.block_until_ready(m.loss)
             return time.perf_counter() - t
 
