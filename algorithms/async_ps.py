@@ -20,11 +20,10 @@ import collections
 import dataclasses
 
 from algorithms.runtime import RoleSpec, Runtime, Worker, intervals
-from algorithms.runtime.ps import DensePS
 from recjax.config import Config
 
 
-def worker_role(rt: Runtime, worker: Worker, server: DensePS):
+def worker_role(rt: Runtime, worker: Worker, server):
     """Pull, compute, push (the PS applies it at once), until the worker's shard is done."""
     p = rt.dense_bytes
     it = 0
@@ -45,15 +44,16 @@ def run(cfg: Config) -> dict:
 def interval(rt: Runtime) -> dict:
     """One checkpoint interval of the run (`intervals.run`); its `Runtime.finish`."""
     s0 = rt.init_state
-    # The dense PS lives in this process under every backend (as Persia's). Under Ray an
-    # actor of its own moved more bytes: the driver owns the references of the calls it makes,
-    # so the params and gradients (2 MB each on dlrm_kaggle) went actor -> driver -> actor, two
-    # hops each way instead of one (2-core box, 2 workers: 0.755 -> 0.81 of threads,
-    # docs/performance.md).
-    server = DensePS(s0.params, s0.opt_state, rt.dense_apply)
+    # The dense PS lives where the roles do (`Placement.dense_ps`): in this process when they
+    # run here (under Ray with driver roles an actor of its own moved more bytes: the driver
+    # owns the references of the calls it makes, so the params and gradients went actor ->
+    # driver -> actor, 0.755 -> 0.81 of threads, docs/performance.md), in an actor that the
+    # workers' actors call directly when the roles run there (--ray.roles actors).
+    server = rt.placement.dense_ps(s0.params, s0.opt_state)
     supply = rt.static_shards()
     workers = [rt.placement.worker(w, supply) for w in range(rt.num_workers)]
-    roles = [RoleSpec(f"worker{w.wid}", worker_role(rt, w, server)) for w in workers]
+    roles = [RoleSpec(f"worker{w.wid}", rt.placement.run_role(worker_role, w, server))
+             for w in workers]
 
     # the staleness of the run before this call (its checkpoint's), and this call's
     base = collections.Counter({int(k): v for k, v in rt.base_counts.get("staleness", {}).items()})

@@ -196,6 +196,16 @@ class RayConfig:
         cheaper through the store (8 MB: 7.3 ms against 16.3): at 1024 every host-async
         algorithm ran as fast as at 16384 or faster (Persia 0.62 -> 0.69 of threads,
         docs/performance.md). Local instance only (a cluster keeps its own setting).
+      roles: where the worker roles run. ``actors``: each worker's role (its loop of take,
+        pull, compute, push) runs in its worker actor, which reads its own shard of the data
+        and talks to the PS actors itself (the dense PS is an actor too); the driver only
+        starts them, hands out steps in chunks and watches (issue 38). ``driver``: the roles
+        run in the driver's threads and each step is one call from there.
+        ``auto``: ``actors`` for the algorithms whose roles run there (``async``), ``driver``
+        for the others. Algorithms not ported refuse ``actors`` with the reason.
+      chunk_s: with the roles in the actors, seconds of steps a worker actor runs per call of
+        the driver (it stops at the next step boundary after this): the driver's work is per
+        chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.
     """
 
     address: str = ""
@@ -207,9 +217,13 @@ class RayConfig:
     kill: str = ""
     max_ps_restarts: int = 3
     inline_kb: int = 1024
+    roles: Literal["auto", "driver", "actors"] = "auto"
+    chunk_s: float = 0.5
 
     def __post_init__(self):
         check_choices(self, "ray")
+        if not self.chunk_s > 0:
+            raise ValueError(f"ray.chunk_s must be > 0 seconds, got {self.chunk_s}")
         for name in ("num_cpus", "max_ps_restarts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ray.{name} must be >= 0, got {getattr(self, name)}")

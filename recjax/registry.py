@@ -31,6 +31,7 @@ CAPABILITIES = {
     "lru_store": "keep dynamic ids in an LRU parameter server",
     "backends": "run their roles on a backend of choice (threads, virtual clock, Ray)",
     "table_dims": "look up tables of several widths",
+    "actor_roles": "run each worker's role inside its Ray worker actor (--ray.roles actors)",
 }
 
 
@@ -68,7 +69,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
               "synchronous SGD on a device mesh (data parallel, sharded tables)"),
     Algorithm("des", SPMD, "algorithms.des:run", ("spmd",), frozenset({"in_loop_eval"}),
               "DES: distributed equivalent substitution (Rong et al., SIGIR 2020)"),
-    Algorithm("async", HOST_ASYNC, "algorithms.async_ps:run", _ENGINE, _ASYNC,
+    Algorithm("async", HOST_ASYNC, "algorithms.async_ps:run", _ENGINE, _ASYNC | {"actor_roles"},
               "asynchronous PS, Downpour / Hogwild (Dean et al. 2012)"),
     Algorithm("shadow", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"),
               _ASYNC, "ShadowSync: background sync of replicas (Zheng et al. 2020)"),
@@ -135,9 +136,21 @@ RULES: tuple[Rule, ...] = (
          "uses --embed.store fixed (hashed tables)"),
     Rule("--backend", "backends", lambda c: c.runtime.backend != "threads",
          "is SPMD or single (for several processes use scripts/launch.py): drop --backend"),
+    Rule("--ray.roles actors", "actor_roles",
+         lambda c: c.runtime.backend == "ray" and c.ray.roles == "actors",
+         "runs its roles in the driver's threads under Ray (not ported yet): use --ray.roles "
+         "driver (or auto)"),
     Rule("embed.dims", "table_dims", lambda c: bool(c.embed.dims),
          "has sharded lookups that assume one width per group: drop embed.dims"),
 )
+
+
+def roles_in_actors(cfg) -> bool:
+    """Whether a ``--backend ray`` run's worker roles run in their actors: ``--ray.roles
+    actors``, or ``auto`` for an algorithm with the capability."""
+    roles = cfg.ray.roles
+    return roles == "actors" or (roles == "auto"
+                                 and "actor_roles" in REGISTRY[cfg.train.algo].supports)
 
 
 def check(cfg) -> None:

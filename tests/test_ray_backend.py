@@ -87,11 +87,13 @@ def test_actor_xla_threads(cluster):
 
 
 @pytest.mark.slow
-def test_one_worker_equals_train_step(cluster):
+@pytest.mark.parametrize("roles", ["driver", "actors"])
+def test_one_worker_equals_train_step(cluster, roles):
     """Async PS with one worker process: every pull sees the previous push (pushes are
-    synchronous), so it is single-process training, as on threads."""
+    synchronous), so it is single-process training, as on threads; with the role in the
+    driver's thread or in the worker's actor (which reads its own data there)."""
     cfg = on_ray(small_cfg("async", steps=12, dense=("adam", 0.01), sparse=("adagrad", 0.05),
-                           trainers=1, workers_per_trainer=1))
+                           trainers=1, workers_per_trainer=1), roles=roles)
     s = async_ps.run(cfg)
     got = s["final_state"]
     want = reference(cfg, worker_batches(cfg, 0, 1, 12))
@@ -101,6 +103,34 @@ def test_one_worker_equals_train_step(cluster):
     assert_trees(got.slots, want.slots, rtol=1e-4, atol=1e-7)
     assert s["staleness_histogram"] == {"0": 12}
     assert s["ray_worker_groups"] == 1 and s["lost_roles"] == [] and s["ps_restarts"] == 0
+
+
+@pytest.mark.slow
+def test_roles_in_actors_take_the_driver_one_call_per_chunk(cluster, monkeypatch):
+    """With the roles in the actors the driver is off the per-step path: 40 steps of one
+    worker in one chunk (``ray.chunk_s`` longer than the run) are one `advance` call, and the
+    summary still counts every step, the staleness of every push and the worker's reads,
+    made in its actor."""
+    from algorithms.runtime import ray_roles
+
+    calls = []
+    call = ray_roles.ActorWorker._call
+
+    def counted(self, method, *args):
+        calls.append(method)
+        return call(self, method, *args)
+
+    monkeypatch.setattr(ray_roles.ActorWorker, "_call", counted)
+    cfg = on_ray(small_cfg("async", steps=40, trainers=1, workers_per_trainer=1),
+                 roles="actors", chunk_s=600.0)
+    s = async_ps.run(cfg)
+    assert calls == ["start_role", "advance"], calls
+    assert s["steps"] == 40 and s["worker_iterations"] == 40
+    assert s["staleness_histogram"] == {"0": 40}
+    assert s["data_rows_read"]["by_reader"]["worker 0"] >= 40 * cfg.train.batch_size
+    want = reference(cfg, worker_batches(cfg, 0, 1, 40))
+    assert_trees(s["final_state"].params, want.params, rtol=1e-4, atol=1e-7)
+    assert_trees(s["final_state"].tables, want.tables, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.slow
@@ -182,7 +212,7 @@ RUNNERS = {"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["async", "shadow", "fr", "gba", "persia"])
+@pytest.mark.parametrize("algo", ["async", "async-driver", "shadow", "fr", "gba", "persia"])
 def test_converges_as_on_threads(cluster, algo):
     """Each algorithm reaches the eval NE of its threaded runs on the teacher data: the mean of
     two Ray runs within 0.04 NE of the mean of two threaded runs. One run is a noisy
@@ -192,11 +222,13 @@ def test_converges_as_on_threads(cluster, algo):
     0.937-0.959 (idle box and three busy loops beside it), and once, in `.ci/run` under the
     other tests' load, a threaded 0.9916 against Ray's 0.9434; FR on the idle box, three
     threaded / Ray pairs: 0.970 / 0.962, 0.969 / 0.971, 0.967 / 0.971, and once, in `.ci/run`,
-    a Ray run at 0.9956."""
+    a Ray run at 0.9956. ``async`` runs its roles in the actors (``--ray.roles auto``),
+    ``async-driver`` in the driver's threads."""
+    algo, _, where = algo.partition("-")
     base = small_cfg(algo, steps=150, dense=("adam", 0.01), sparse=("adagrad", 0.05),
                      **CONVERGE[algo])
     t, t2 = (RUNNERS[algo](on_threads(base)) for _ in range(2))
-    r, r2 = (RUNNERS[algo](on_ray(base)) for _ in range(2))
+    r, r2 = (RUNNERS[algo](on_ray(base, roles=where or "auto")) for _ in range(2))
     assert r["backend"] == "ray" and t["backend"] == "threads"
     assert r["steps"] == r2["steps"] == t["steps"] == t2["steps"] == 150
     want = (t["eval_ne"] + t2["eval_ne"]) / 2
@@ -243,12 +275,13 @@ def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_worker_ends_its_batch_and_the_run_goes_on(cluster):
+@pytest.mark.parametrize("roles", ["driver", "actors"])
+def test_killed_worker_ends_its_batch_and_the_run_goes_on(cluster, roles):
     """kill -9 of worker 0's process at its 5th iteration: that role ends, counted; the other
     worker trains its whole share; the model still learns."""
     base = small_cfg("async", steps=60, trainers=2, workers_per_trainer=1,
                      dense=("adam", 0.01), sparse=("adagrad", 0.05))
-    s = async_ps.run(on_ray(base, kill="worker:0@5"))
+    s = async_ps.run(on_ray(base, kill="worker:0@5", roles=roles))
     assert len(s["lost_roles"]) == 1 and s["lost_roles"][0].startswith("worker0")
     assert s["worker_iterations"] == 4 + 30  # worker 0: 4 iterations; worker 1: its 30
     assert np.isfinite(s["eval_ne"]) and s["eval_ne"] < 1.0
@@ -265,14 +298,19 @@ def test_killed_worker_of_gba_returns_no_token(cluster):
 
 
 @pytest.mark.slow
-def test_killed_ps_shard_restarts_from_its_snapshot(cluster):
-    """kill -9 of PS shard 0's process before its 10th push: restarted from the snapshot at
-    push 8 (every 4), the one push since it lost; the run finishes every step."""
+@pytest.mark.parametrize("roles", ["driver", "actors"])
+def test_killed_ps_shard_restarts_from_its_snapshot(cluster, roles):
+    """kill -9 of PS shard 0's process before its 10th push: restarted from its snapshot
+    (every 4 pushes); the run finishes every step. With the roles in the driver the snapshot
+    is at push 8 and the one push since is lost; with the roles in the actors the driver
+    counts pushes per chunk, the chunk is cut before push 10 and the snapshot due there (at 9)
+    taken before the kill: none lost, and the worker's next pull finds the shard dead, waits
+    for the restarted one and goes on."""
     base = small_cfg("async", steps=40, trainers=1, workers_per_trainer=1,
                      dense=("adam", 0.01), sparse=("adagrad", 0.05))
-    s = async_ps.run(on_ray(base, kill="ps:0@10", snapshot_every=4))
+    s = async_ps.run(on_ray(base, kill="ps:0@10", snapshot_every=4, roles=roles))
     assert s["ps_restarts"] == 1
-    assert s["ps_pushes_lost"] == 1  # pushes 9 applied after the snapshot at 8
+    assert s["ps_pushes_lost"] == (1 if roles == "driver" else 0)
     assert s["steps"] == 40 and s["worker_iterations"] == 40
     assert np.isfinite(s["eval_ne"]) and s["eval_ne"] < 1.0
 
@@ -319,6 +357,11 @@ def test_train_on_arrays_under_ray(cluster):
     bayes_auc, _ = _auc_ne(label[5000:], p[5000:])
     assert s["eval_examples"] == 1000 and s["ray_worker_groups"] >= 2
     assert s["eval_auc"] > bayes_auc - 0.05, (s["eval_auc"], bayes_auc)
+    # `--ray.roles auto` kept the roles here; in the actors they could not read the arrays
+    with pytest.raises(ValueError, match="in-memory source of this process only"):
+        recjax.fit("smoke", train=train, eval=valid, overrides={
+            "train.algo": "async", "runtime.backend": "ray", "train.deterministic": False,
+            "ray.roles": "actors", "train.steps": 2})
 
 
 @pytest.mark.slow
@@ -446,7 +489,7 @@ def test_a_stragglers_push_lands_after_its_slowdown(cluster):
 
     base = small_cfg("async", steps=4, sparse=("sgd", 0.5), trainers=1, workers_per_trainer=1,
                      stragglers="slow:k=1,factor=3")
-    rt_t, rt_r = Runtime(on_threads(base), 1), Runtime(on_ray(base), 1)
+    rt_t, rt_r = Runtime(on_threads(base), 1), Runtime(on_ray(base, roles="driver"), 1)
     try:
         item, params = (0, rt_t.warm_batch), rt_t.init_state.params
         before = rt_r.ps.snapshot()

@@ -31,6 +31,9 @@ HONOURED = {
     "ray": (lambda c: _set(c, "runtime", backend="ray"), ASYNC),
     "virtual": (lambda c: _set(c, "runtime", backend="virtual"), ASYNC),
     "dims": (lambda c: _set(c, "embed", dims="C1:4"), ("single",)),
+    # the roles of async PS run in its Ray worker actors (ray_roles.py); the others' not yet
+    "actor_roles": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", roles="actors"),
+                    ("async",)),
 }
 
 
@@ -74,6 +77,16 @@ def test_a_setting_is_refused_by_the_algorithms_that_cannot_honour_it(algo, sett
 
 def _either(xs):
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " or " + xs[-1]
+
+
+def test_where_the_roles_run_under_ray():
+    """``--ray.roles auto`` runs the roles in the actors for the algorithms ported there."""
+    def where(algo, roles):
+        cfg = small_cfg(algo)
+        return registry.roles_in_actors(_set(cfg, "ray", roles=roles))
+
+    assert where("async", "auto") and where("async", "actors") and not where("async", "driver")
+    assert not any(where(a, "auto") or where(a, "driver") for a in ASYNC if a != "async")
 
 
 def test_help_names_every_algorithm():

@@ -8,7 +8,9 @@ which placement runs: it is chosen once per run, from the config (`choose`):
 * ``ray_placement.RayPlacement`` (``--backend ray``): PS shards, worker groups and hosted
   servers as Ray actor processes, and the watch over the processes whose death stops the run.
 
-The roles (``clock.py``'s generators) are the same under both and run in this process.
+The roles (``clock.py``'s generators) are the same under both. They run in this process, or
+(``--ray.roles actors``, `run_role`) a worker's role runs in its worker actor
+(``ray_roles.py``), with the servers it shares (`dense_ps`, `host`) as actors too.
 `settle`, `lost` and `shutdown` are `algorithms.run`'s part of it: the backend a config may
 name, the Ray process whose death caused a run's error, no Ray process outliving a run.
 """
@@ -53,6 +55,15 @@ class Placement(Protocol):
         itself, or a proxy of `cls`'s methods to it in a process of its own. `proxy` keywords
         (`ray_wire.Hosted`) say which attributes stay here, which methods notify, which
         results stay references; `dense_grads`: the workers' dense gradients go to it."""
+
+    def dense_ps(self, params: Any, opt_state: Any) -> Any:
+        """The async dense PS (`ps.DensePS`'s interface): in this process, or hosted in an
+        actor when the workers' roles run in theirs (they call it directly)."""
+
+    def run_role(self, fn, worker, *args) -> Any:
+        """The role ``fn(rt, worker, *args)`` (a module-level generator function) as this
+        process runs it: the generator itself, or the driver's side of it run in `worker`'s
+        actor (``ray_roles.remote_role``)."""
 
     def worker(self, wid: int, supply, group: int | None = None, group_size: int = 1) -> Worker:
         """Worker `wid` (`worker.Worker`'s interface) taking batches from `supply`; `group`:
@@ -100,6 +111,12 @@ class InProcess:
 
     def host(self, cls, factory, *args, dense_grads=False, **proxy):
         return factory(*args)
+
+    def dense_ps(self, params, opt_state):
+        return ps_lib.DensePS(params, opt_state, self.rt.dense_apply)
+
+    def run_role(self, fn, worker, *args):
+        return fn(self.rt, worker, *args)
 
     def worker(self, wid, supply, group=None, group_size=1):
         return Worker(self.rt, wid, supply)

@@ -412,3 +412,13 @@ class DensePS:
     def restore(self, params: Any, opt_state: Any) -> None:
         with self._lock:
             self.params, self.opt_state = params, opt_state
+
+
+def dense_ps(params: Any, opt_state: Any, dense_cfg) -> DensePS:
+    """A `DensePS` whose optimizer is built here from the config's ``dense`` section (the
+    factory of a dense PS hosted in an actor of its own, `placement.Placement.dense_ps`)."""
+    from recjax.train.setup import make_dense_tx
+    from recjax.train.step import apply_dense
+
+    tx = make_dense_tx(dense_cfg)
+    return DensePS(params, opt_state, jax.jit(lambda p, o, g: apply_dense(tx, p, o, g)))

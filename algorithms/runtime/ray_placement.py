@@ -2,7 +2,9 @@
 
 The embedding PS shards (``ray_ps.py``), each worker group's compute (``ray_workers.py``) and
 the servers the roles share (``ray_wire.Hosted``) are actors of the run's Ray instance
-(``ray_backend.Cluster``); the roles stay in the driver's threads. The instance's vital
+(``ray_backend.Cluster``); the roles run in the driver's threads, or (``--ray.roles actors``,
+`ray_roles.in_actors`) each worker's role runs in its actor (``ray_roles.py``)
+and the driver hands out chunks of steps. The instance's vital
 processes are watched: `check` raises when one died (`ray_backend.ControlLost`: the actors still
 hold the state, the run checkpoints it; `segments.StateLost`: it does not).
 """
@@ -11,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.runtime import ray_backend, ray_ps, ray_wire, ray_workers
+from algorithms.runtime import ps as ps_lib
+from algorithms.runtime import ray_backend, ray_ps, ray_roles, ray_wire, ray_workers
 from algorithms.runtime.segments import StateLost
 
 Runtime = Any  # `engine.Runtime` (not imported: the engine imports the placement)
@@ -25,6 +28,7 @@ class RayPlacement:
       groups: the worker-group actors (`ray_workers.Groups`), made on first use.
       dense_on_actor: the workers' dense gradients go to a hosted server (GBA's PS0): a
         worker hands them on as object references, actor to actor.
+      in_actors: the workers' roles run in their actors (``ray_roles.py``).
     """
 
     name = "ray"
@@ -35,6 +39,9 @@ class RayPlacement:
         self.rt = rt
         self.cluster = ray_backend.Cluster(rt.cfg.ray, rt.cfg.train.out)
         self.groups = ray_workers.Groups(rt, self.cluster)
+        self.in_actors = ray_roles.in_actors(rt.cfg)
+        if self.in_actors:
+            self.groups.body = ray_roles.RoleServer
         self.dense_on_actor = False
         # the actors of the shared servers (`host`) of this interval, and of those before it,
         # whose processes the next interval's servers are built in: class -> handles
@@ -61,11 +68,29 @@ class RayPlacement:
         self.dense_on_actor = self.dense_on_actor or dense_grads
         return ray_wire.Hosted(handle, cls, **proxy)
 
+    def dense_ps(self, params, opt_state):
+        """In this process (the roles' calls are the driver's own: an actor would add a hop
+        each way), or with the roles in the actors an actor of its own that they call."""
+        if not self.in_actors:
+            return ps_lib.DensePS(params, opt_state, self.rt.dense_apply)
+        import jax
+
+        return self.host(ps_lib.DensePS, ps_lib.dense_ps, jax.device_get(params),
+                         jax.device_get(opt_state), self.rt.cfg.dense)
+
+    def run_role(self, fn, worker, *args):
+        if self.in_actors:
+            return ray_roles.remote_role(fn, worker, *args)
+        return fn(self.rt, worker, *args)
+
     def worker(self, wid, supply, group=None, group_size=1):
         """A `ray_workers.RayWorker` whose compute runs in group `group`'s actor (default: a
-        process of its own; a group of `group_size` workers gets as many XLA threads)."""
-        return ray_workers.RayWorker(self.rt, wid, supply, wid if group is None else group,
-                                     group_size)
+        process of its own; a group of `group_size` workers gets as many XLA threads), or
+        with the roles in the actors the driver's `ray_roles.ActorWorker` of it."""
+        group = wid if group is None else group
+        if self.in_actors:
+            return ray_roles.ActorWorker(self.rt, wid, supply, group)
+        return ray_workers.RayWorker(self.rt, wid, supply, group, group_size)
 
     def remote_fn(self, group, name, factory, *args):
         key = (group, name, args)  # built once in the group's process, for every interval

@@ -253,6 +253,38 @@ class ShardProxy:
             print(f"recjax: embedding PS shard {self.index} died; restarted from its snapshot "
                   f"at push {at} ({self.pushes_lost} pushes lost so far)", flush=True)
 
+    def pushed_by_actors(self, n: int) -> None:
+        """`n` pushes of a role run in an actor (``ray_roles.py``; per chunk), and a snapshot
+        if one is due."""
+        if n <= 0:
+            return
+        with self._lock:
+            self.pushes += n
+            if self._cluster is not None and self.pushes - self._snap_at >= self._rc.snapshot_every:
+                self._prev, self._prev_at = self._snap, self._snap_at
+                self._snap, self._snap_at = self.handle.snapshot.remote(), self.pushes
+
+    def pushes_before_kill(self) -> int | None:
+        """Pushes before ``ps:S@I`` is due (roles in the actors: at the chunk boundary before
+        push I), or None; at 0 the shard is killed now, after the snapshot due there."""
+        left = self._kill_at - 1 - self.pushes if self._kill_at else None
+        if left is not None and left <= 0:
+            self._kill_at = 0
+            if self._snap is not None:  # a snapshot due at this boundary is taken first
+                _ray().wait([self._snap])
+            sigkill(self.handle, self.pid)
+            left = None
+        return left
+
+    @property
+    def generation(self) -> int:  # restarts so far: the handle changes with each
+        return self._gen
+
+    def revive(self) -> None:
+        """A worker actor found this shard's actor dead: restart it from its snapshot (once,
+        whichever caller comes first; a live actor just answers)."""
+        self.call("get_step")
+
     def last_snapshot(self) -> tuple:
         """The newest snapshot that survived (for a checkpoint after `PsFailed`)."""
         ray = _ray()

@@ -148,6 +148,11 @@ class Hosted:
         self.__dict__.update(_handle=handle, _cls=cls, _local=local or {},
                              _mutating=set(mutating), _by_ref=by_ref or {})
 
+    def __reduce__(self):
+        """To another actor (a role run there, `ray_roles`): the same calls, without the
+        attributes kept in this process (`local`, a signal of its threads)."""
+        return Hosted, (self._handle, self._cls, None, (), self._by_ref)
+
     def __getattr__(self, name: str) -> Any:
         ray = _ray()
         if name in self._local:

@@ -152,6 +152,8 @@ class Groups:
     """The worker-group actors of a run, created on first use; a group of `size` workers
     gets as many XLA threads."""
 
+    body: type = ComputeServer  # the actors' class (`ray_roles.RoleServer`: roles run there)
+
     def __init__(self, rt, cluster):
         self.rt, self.cluster, self.handles, self.pids, self.sizes = rt, cluster, {}, {}, {}
         self.respawns = 0
@@ -169,7 +171,7 @@ class Groups:
         if group not in self.handles:
             rt = self.rt
             names = [sh.names for sh in rt.ps.shards]
-            h = self.cluster.spawn(ComputeServer, rt.cfg, rt.data.spec, rt.batch_size, names,
+            h = self.cluster.spawn(self.body, rt.cfg, rt.data.spec, rt.batch_size, names,
                                  concurrency=8, resource=rt.cfg.ray.worker_resource,
                                  xla_threads=self.sizes[group])
             self.handles[group] = h

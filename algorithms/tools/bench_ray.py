@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import pathlib
 import statistics
@@ -72,8 +73,9 @@ SCALING_FACTOR = 50.0
 
 
 def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers: str = "none",
-                 model: str = "dlrm_kaggle", seed: int = 0):
-    """Async PS, `workers` workers, on synthetic data (enough for `steps` steps)."""
+                 model: str = "dlrm_kaggle", seed: int = 0, roles: str = "auto"):
+    """Async PS, `workers` workers, on synthetic data (enough for `steps` steps); under Ray
+    the workers' roles where `roles` says (``--ray.roles``)."""
     c = configs.CONFIGS[model]()
     preset = "criteo" if model == "dlrm_kaggle" else "default"
     return dataclasses.replace(
@@ -85,7 +87,7 @@ def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers:
                                   eval_batch_size=2048),
         runtime=dataclasses.replace(c.runtime, trainers=workers, workers_per_trainer=1,
                                     stragglers=stragglers, backend=backend),
-        ray=dataclasses.replace(c.ray, snapshot_every=1_000_000))
+        ray=dataclasses.replace(c.ray, snapshot_every=1_000_000, roles=roles))
 
 
 def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0):
@@ -178,12 +180,12 @@ def bench_scaling(repeats: int, per_worker: int, batch: int, factor: float) -> d
 
 
 def bench_real(repeats: int, workers: list[int], per_worker: int, batch: int,
-               shards: int = 0) -> dict:
+               shards: int = 0, roles: str = "auto") -> dict:
     """Ray worker processes with real compute: examples/sec at each W and its speedup over 1."""
     eps: dict[int, list[float]] = {w: [] for w in workers}
     for r in range(repeats):
         for w in workers:
-            cfg = bench_config("ray", w, per_worker * w, batch, seed=r)
+            cfg = bench_config("ray", w, per_worker * w, batch, seed=r, roles=roles)
             if shards:
                 cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime,
                                                                            ps_shards=shards))
@@ -436,6 +438,8 @@ def main(argv=None) -> int:
     p.add_argument("--serial", action="store_true",
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
                         "(bench_ray_serial.py)")
+    p.add_argument("--roles", choices=("auto", "driver", "actors"), default="auto",
+                   help="--serial, --real: where the workers' roles run under Ray (--ray.roles)")
     p.add_argument("--cpu", action="store_true",
                    help="only measurement 6: CPU per step, threads vs Ray vs Ray's floor")
     a = p.parse_args(argv)
@@ -447,12 +451,12 @@ def main(argv=None) -> int:
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
-        rows = [bench_serial(bench_config, a.repeats)]
+        rows = [bench_serial(functools.partial(bench_config, roles=a.roles), a.repeats)]
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.real:
         rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
-                           a.batch_size, a.ps_shards)]
+                           a.batch_size, a.ps_shards, a.roles)]
     else:
         rows = bench_ray(a.repeats, a.quick, a.batch_size)
     for r in rows:

@@ -112,20 +112,26 @@ def _between(samples: list, lo: float, hi: float) -> dict:
 def _measured():
     """``[measured seconds]`` of every worker step recorded inside (`worker.record_step`'s
     `measured`: a Ray worker's gradient computation, timed in its actor)."""
-    from algorithms.runtime import worker
+    from algorithms.runtime import ray_roles, worker
 
-    record, out = worker.record_step, []
+    record, take, out = worker.record_step, ray_roles.ActorWorker._take, []
 
     def noted(rt, wid, counters, item, m, it, measured=None, factor=None):
         if measured is not None:
             out.append(measured)
         return record(rt, wid, counters, item, m, it, measured, factor)
 
+    def chunk(self, got):  # a role run in its actor: its chunk's steps, timed there
+        out.extend(got["measured"])
+        return take(self, got)
+
     worker.record_step = noted  # read by each `RayWorker` as it is built
+    ray_roles.ActorWorker._take = chunk
     try:
         yield out
     finally:
         worker.record_step = record
+        ray_roles.ActorWorker._take = take
 
 
 def _run(config, workers: int, per_worker: int, batch: int, factor: float, seed: int) -> dict:

@@ -199,6 +199,11 @@ def register(source: ArraySource, name: str | None = None) -> str:
     return source.name
 
 
+def in_memory(spec: str) -> bool:
+    """Whether the data spec `spec` names an in-memory source (this process's only)."""
+    return spec.startswith("arrays:")
+
+
 def unregister(spec: str) -> None:
     """Forget ``arrays:NAME`` (the arrays are freed once nothing else holds them)."""
     _REGISTERED.pop(spec.partition(":")[2], None)

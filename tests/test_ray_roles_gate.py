@@ -1,0 +1,74 @@
+"""The chunk gate of roles run in their Ray worker actors (algorithms/runtime/ray_roles.py,
+``--ray.roles actors``), without Ray: a role on a thread of its own takes batches through
+`_Gate.enter`; the driver's `_Gate.chunk` lets it take exactly the batches (or the seconds) it
+allows and returns only where the role waits for its next batch, after its previous step's
+work, so that the state is whole between chunks.
+"""
+
+import threading
+import time
+
+import pytest
+
+from algorithms.runtime.ray_roles import _Gate
+
+pytest.importorskip("ray")  # ray_roles imports the Ray backend's modules (Ray itself lazily)
+
+
+def _role(gate: _Gate, log: list, steps: int, step_s: float = 0.0):
+    """A role of `steps` steps: enter, then "work" (logged at its end)."""
+    def run():
+        for i in range(steps):
+            if not gate.enter():
+                log.append(("stopped", i))
+                gate.end()
+                return
+            time.sleep(step_s)
+            log.append(("done", i))
+        gate.end()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_chunk_of_n_lets_exactly_n_steps_finish_and_returns_at_the_next_take():
+    gate, log = _Gate(), []
+    t = _role(gate, log, steps=10)
+    time.sleep(0.05)
+    assert log == []  # nothing runs before a chunk allows it
+    gate.chunk(3, seconds=60)
+    assert log == [("done", 0), ("done", 1), ("done", 2)] and gate.waiting and not gate.done
+    gate.chunk(4, seconds=60)
+    assert [i for _, i in log] == list(range(7)) and gate.taken == 7
+    gate.chunk(100, seconds=60)  # more than is left: returns when the role ended
+    assert [i for _, i in log] == list(range(10)) and gate.done and gate.error is None
+    t.join(5)
+
+
+def test_a_chunk_ends_after_its_seconds_at_a_step_boundary():
+    gate, log = _Gate(), []
+    t = _role(gate, log, steps=1000, step_s=0.01)
+    t0 = time.monotonic()
+    driver = threading.Thread(target=gate.chunk, args=(1 << 30, 0.2), daemon=True)
+    driver.start()
+    driver.join(5)
+    assert not driver.is_alive(), "the chunk did not end after its seconds"
+    took = time.monotonic() - t0
+    n = len(log)
+    assert 0.2 <= took < 1.0 and 5 <= n <= 25, (took, n)
+    assert gate.waiting and gate.taken == n  # at a take, with every taken step finished
+    time.sleep(0.1)
+    assert len(log) == n  # and it stays there between chunks
+    gate.stop()
+    t.join(5)
+    assert log[-1] == ("stopped", n)
+
+
+def test_a_stop_ends_the_role_where_it_waits():
+    gate, log = _Gate(), []
+    t = _role(gate, log, steps=10)
+    gate.chunk(2, seconds=60)
+    gate.stop()
+    t.join(5)
+    assert not t.is_alive() and log == [("done", 0), ("done", 1), ("stopped", 2)]
