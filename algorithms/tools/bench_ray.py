@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import functools
 import json
 import pathlib
 import statistics
@@ -438,11 +437,17 @@ def main(argv=None) -> int:
     p.add_argument("--serial", action="store_true",
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
                         "(bench_ray_serial.py)")
-    p.add_argument("--roles", choices=("auto", "driver", "actors"), default="auto",
-                   help="--serial, --real: where the workers' roles run under Ray (--ray.roles)")
+    p.add_argument("--roles", default="auto",
+                   help="--serial, --real: where the workers' roles run under Ray (--ray.roles: "
+                        "auto, driver or actors); --serial takes several, comma-separated, "
+                        "and interleaves them")
     p.add_argument("--cpu", action="store_true",
                    help="only measurement 6: CPU per step, threads vs Ray vs Ray's floor")
     a = p.parse_args(argv)
+    if bad := set(a.roles.split(",")) - {"auto", "driver", "actors"}:
+        p.error(f"--roles: {', '.join(sorted(bad))} is not auto, driver or actors")
+    if a.real and "," in a.roles:
+        p.error("--real takes one --roles value")
     if a.algos:
         algos = [x.strip() for x in a.algos.split(",") if x.strip()]
         if unknown := sorted(set(algos) - set(ALGOS)):
@@ -451,7 +456,7 @@ def main(argv=None) -> int:
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
-        rows = [bench_serial(functools.partial(bench_config, roles=a.roles), a.repeats)]
+        rows = bench_serial(bench_config, a.repeats, roles=tuple(a.roles.split(",")))
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.real:

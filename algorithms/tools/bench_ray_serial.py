@@ -32,6 +32,7 @@ and with cores / c_16.
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import sys
 import threading
@@ -190,26 +191,37 @@ def criteria(per: dict[int, list[dict]], factor: float, cores: int) -> dict:
 
 
 def bench_serial(config, repeats: int, batch: int = 512, factor: float = 50.0,
-                 workers: tuple = WORKERS, lengths: tuple = LENGTHS) -> dict:
+                 workers: tuple = WORKERS, lengths: tuple = LENGTHS,
+                 roles: tuple = ("auto",)) -> list[dict]:
     """Measurement 7 (see the module docstring), `repeats` interleaved repeats of runs
-    configured by `config` (`bench_ray.bench_config`, passed in: that module calls this one);
-    seconds in the row (``c_16`` is s per step)."""
-    per: dict[int, list[dict]] = {w: [] for w in workers}
+    configured by `config` (`bench_ray.bench_config`, passed in: that module calls this one),
+    for each ``--ray.roles`` in `roles` (interleaved too); one row per roles value, seconds in
+    the row (``c_16`` is s per step)."""
+    per = {ro: {w: [] for w in workers} for ro in roles}
     for r in range(repeats):
-        for w in workers:
-            short, long = (_run(config, w, n, batch, factor, seed=r) for n in lengths)
-            per[w].append(_marginal(short, long))
-            print(f"  W={w}: {per[w][-1]}", file=sys.stderr, flush=True)
+        for ro in roles:
+            for w in workers:
+                short, long = (_run(functools.partial(config, roles=ro), w, n, batch, factor,
+                                    seed=r) for n in lengths)
+                per[ro][w].append(_marginal(short, long))
+                print(f"  roles={ro} W={w}: {per[ro][w][-1]}", file=sys.stderr, flush=True)
+    return [_row(per[ro], ro, repeats, batch, factor, workers, lengths) for ro in roles]
+
+
+def _row(per: dict, roles: str, repeats: int, batch: int, factor: float, workers: tuple,
+         lengths: tuple) -> dict:
     cores = psutil.cpu_count()
     got = criteria(per, factor, cores)
-    out = {"name": "ray/serial", "model": "dlrm (default config)", "batch_size": batch,
+    out = {"name": "ray/serial", "roles": roles, "model": "dlrm (default config)",
+           "batch_size": batch,
            "straggler_factor": factor, "steps_per_worker": list(lengths), "repeats": repeats,
            "cores": cores, "load_average": list(psutil.getloadavg()), **got, "all": per}
     lo, hi = min(workers), max(workers)
     ms = {k: got[k] * 1e3 for k in got if k.startswith(("c_", "m_", "driver_")) and
           not k.endswith("mib")}
     drivers = ", ".join(f"{ms[f'driver_{w}']:.2f}" for w in workers)
-    print(f"(a) S_{hi} = {got[f'S_{hi}']:.1f} steps/s vs 0.8 x min({hi // lo} x S_{lo} = "
+    print(f"--ray.roles {roles}:\n"
+          f"(a) S_{hi} = {got[f'S_{hi}']:.1f} steps/s vs 0.8 x min({hi // lo} x S_{lo} = "
           f"{hi / lo * got[f'S_{lo}']:.1f}, {cores} / c_{hi} = {cores / got[f'c_{hi}']:.1f}): "
           f"{'met' if got['a_met'] else 'NOT met'} ({got['a_ratio']:.2f} of the bound)\n"
           f"(a') S_{hi} vs 0.8 x min(S_free = {got['S_free']:.1f} (m_{lo} = {ms[f'm_{lo}']:.2f} "
