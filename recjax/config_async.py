@@ -203,6 +203,9 @@ class RayConfig:
         run in the driver's threads and each step is one call from there.
         ``auto``: ``actors`` for the algorithms whose roles run there (``async``), ``driver``
         for the others. Algorithms not ported refuse ``actors`` with the reason.
+      dense_shards: with the roles in the actors, async's dense PS as this many actors, each
+        holding a block of whole parameter arrays (Downpour's sharded PS, Dean et al. 2012
+        Sec. 4.1; algorithms/runtime/ray_dense.py); not with ``dense.clip_norm``.
       chunk_s: with the roles in the actors, seconds of steps a worker actor runs per call of
         the driver (it stops at the next step boundary after this): the driver's work is per
         chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.
@@ -218,6 +221,7 @@ class RayConfig:
     max_ps_restarts: int = 3
     inline_kb: int = 1024
     roles: Literal["auto", "driver", "actors"] = "auto"
+    dense_shards: int = 1
     chunk_s: float = 0.5
 
     def __post_init__(self):
@@ -227,7 +231,7 @@ class RayConfig:
         for name in ("num_cpus", "max_ps_restarts"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("ps_concurrency", "snapshot_every", "inline_kb"):
+        for name in ("ps_concurrency", "snapshot_every", "inline_kb", "dense_shards"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ray.{name} must be >= 1, got {getattr(self, name)}")
 

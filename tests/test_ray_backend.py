@@ -87,13 +87,16 @@ def test_actor_xla_threads(cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("roles", ["driver", "actors"])
+@pytest.mark.parametrize("roles", ["driver", "actors", "actors:3"])
 def test_one_worker_equals_train_step(cluster, roles):
     """Async PS with one worker process: every pull sees the previous push (pushes are
     synchronous), so it is single-process training, as on threads; with the role in the
-    driver's thread or in the worker's actor (which reads its own data there)."""
+    driver's thread or in the worker's actor (which reads its own data there), and there with
+    the dense PS as one actor or as 3 (``actors:3``, blocks of parameters)."""
+    roles, _, dense = roles.partition(":")
     cfg = on_ray(small_cfg("async", steps=12, dense=("adam", 0.01), sparse=("adagrad", 0.05),
-                           trainers=1, workers_per_trainer=1), roles=roles)
+                           trainers=1, workers_per_trainer=1), roles=roles,
+                 dense_shards=int(dense or 1))
     s = async_ps.run(cfg)
     got = s["final_state"]
     want = reference(cfg, worker_batches(cfg, 0, 1, 12))
@@ -103,6 +106,14 @@ def test_one_worker_equals_train_step(cluster, roles):
     assert_trees(got.slots, want.slots, rtol=1e-4, atol=1e-7)
     assert s["staleness_histogram"] == {"0": 12}
     assert s["ray_worker_groups"] == 1 and s["lost_roles"] == [] and s["ps_restarts"] == 0
+
+
+@pytest.mark.slow
+def test_dense_shards_need_the_roles_in_the_actors(cluster):
+    cfg = on_ray(small_cfg("async", steps=4, trainers=1, workers_per_trainer=1),
+                 roles="driver", dense_shards=2)
+    with pytest.raises(ValueError, match="needs the roles in the actors"):
+        async_ps.run(cfg)
 
 
 @pytest.mark.slow

@@ -104,7 +104,7 @@ class Runtime:
     def _setup(self, cfg: Config) -> None:
         rc, tc = cfg.runtime, cfg.train
         # data, and the model
-        self.feed = Feed(cfg, self.batch_size)
+        self.feed = Feed(cfg, self.batch_size, cache=self.placement.data_here)
         self.data, self.steps_per_epoch = self.feed.data, self.feed.steps_per_epoch
         self.max_len = self.data.spec.max_len
         lru = cfg.embed.store == "lru"

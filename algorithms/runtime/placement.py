@@ -38,11 +38,14 @@ class Placement(Protocol):
       name: the summary's ``backend``: ``virtual``, ``threads`` or ``ray``.
       tables_here: whether this process draws the initial tables (under Ray each PS shard's
         actor draws its own, so no process holds every table).
+      data_here: whether this process reads the workers' training data (with the roles in
+        the actors each worker actor reads its own shard: this process keeps no cache of it).
       stop_saving: the exceptions that stop the roles and leave a checkpoint of their state.
     """
 
     name: str
     tables_here: bool
+    data_here: bool
     stop_saving: tuple[type[BaseException], ...]
 
     def make_ps(self, layout, sparse_opt, tables: dict, slots: dict,
@@ -99,7 +102,7 @@ class InProcess:
     (`worker.Worker`; jitted functions as `worker.LocalFn`), and a shared server, which is the
     object itself. Nothing can die here without the process: no check, no fault counters."""
 
-    tables_here = True
+    tables_here = data_here = True
     stop_saving = (KeyboardInterrupt,)
 
     def __init__(self, rt: Runtime, name: str):

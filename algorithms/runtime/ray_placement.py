@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from algorithms.runtime import dense_blocks, ray_backend, ray_dense, ray_ps, ray_roles, ray_wire, ray_workers
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime import ray_backend, ray_ps, ray_roles, ray_wire, ray_workers
+from algorithms.runtime.dense_blocks import pick
 from algorithms.runtime.segments import StateLost
 
 Runtime = Any  # `engine.Runtime` (not imported: the engine imports the placement)
@@ -40,6 +41,7 @@ class RayPlacement:
         self.cluster = ray_backend.Cluster(rt.cfg.ray, rt.cfg.train.out)
         self.groups = ray_workers.Groups(rt, self.cluster)
         self.in_actors = ray_roles.in_actors(rt.cfg)
+        self.data_here = not self.in_actors
         if self.in_actors:
             self.groups.body = ray_roles.RoleServer
         self.dense_on_actor = False
@@ -71,12 +73,28 @@ class RayPlacement:
     def dense_ps(self, params, opt_state):
         """In this process (the roles' calls are the driver's own: an actor would add a hop
         each way), or with the roles in the actors an actor of its own that they call."""
+        cfg = self.rt.cfg
+        shards = cfg.ray.dense_shards
+        if shards > 1 and not self.in_actors:
+            raise ValueError(f"--ray.dense_shards {shards} shards the dense PS across actors "
+                             "that the workers' actors call: it needs the roles in the actors "
+                             "(--ray.roles actors or auto, with --algo async)")
         if not self.in_actors:
             return ps_lib.DensePS(params, opt_state, self.rt.dense_apply)
         import jax
 
-        return self.host(ps_lib.DensePS, ps_lib.dense_ps, jax.device_get(params),
-                         jax.device_get(opt_state), self.rt.cfg.dense)
+        params, opt_state = jax.device_get((params, opt_state))
+        if shards == 1:
+            return self.host(ps_lib.DensePS, ps_lib.dense_ps, params, opt_state, cfg.dense)
+        if cfg.dense.clip_norm > 0:
+            raise ValueError(f"--ray.dense_shards {shards}: each block's PS applies its own "
+                             "part of a gradient, and dense.clip_norm clips by the norm of the "
+                             "whole gradient; drop one of them")
+        pdef = jax.tree.structure(params)
+        cut = dense_blocks.blocks(params, shards)
+        servers = [self.host(ps_lib.DensePS, ps_lib.dense_ps, pick(params, pdef, b),
+                             pick(opt_state, pdef, b), cfg.dense) for b in cut]
+        return ray_dense.DenseShards(servers, cut, params, opt_state)
 
     def run_role(self, fn, worker, *args):
         if self.in_actors:

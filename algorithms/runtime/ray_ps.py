@@ -267,13 +267,13 @@ class ShardProxy:
     def pushes_before_kill(self) -> int | None:
         """Pushes before ``ps:S@I`` is due (roles in the actors: at the chunk boundary before
         push I), or None; at 0 the shard is killed now, after the snapshot due there."""
-        left = self._kill_at - 1 - self.pushes if self._kill_at else None
-        if left is not None and left <= 0:
-            self._kill_at = 0
-            if self._snap is not None:  # a snapshot due at this boundary is taken first
-                _ray().wait([self._snap])
-            sigkill(self.handle, self.pid)
-            left = None
+        with self._lock:  # each worker's driver thread asks
+            left = self._kill_at - 1 - self.pushes if self._kill_at else None
+            if left is not None and left <= 0:
+                self._kill_at, left = 0, None
+                if self._snap is not None:  # a snapshot due at this boundary is taken first
+                    _ray().wait([self._snap])
+                sigkill(self.handle, self.pid)
         return left
 
     @property

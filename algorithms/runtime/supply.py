@@ -47,17 +47,20 @@ class Feed:
     Args:
       cfg: the run's config (``data``, ``train.seed``, ``train.deterministic``).
       batch_size: rows of one worker batch.
+      cache: generate synthetic training data once and keep it (the workers read it here);
+        False where only the first batches are read here (the workers read their shards in
+        their own processes, ``ray_roles.py``).
 
     Attributes:
       data: the run's `RunData`.
       steps_per_epoch: global steps (``train.batch_size`` rows) in one pass over the data.
     """
 
-    def __init__(self, cfg: Config, batch_size: int):
+    def __init__(self, cfg: Config, batch_size: int, cache: bool = True):
         self.cfg, self.batch_size = cfg, batch_size
         self.data = open_data(cfg)
         self.shuffle = train_shuffle_buffer(self.data, cfg.data.shuffle_buffer)
-        if isinstance(self.data.train, SyntheticSource):  # generate once, not once per worker
+        if cache and isinstance(self.data.train, SyntheticSource):  # once, not once per worker
             self.data.train = cached(self.data.train, cfg.data.cache_rows)
             for _ in self.data.train.chunks():
                 pass

@@ -1,0 +1,80 @@
+"""Async's dense PS sharded by parameter blocks across actors (``--ray.dense_shards D``).
+
+With the roles in the actors (``ray_roles.py``) every worker pulls the dense params and pushes
+its dense gradient once per step; one dense PS actor serves all of them one at a time per
+request and, at the issue's figures (2 MB each way on dlrm_kaggle), it would cap the run near
+60 steps/s on its own. Downpour SGD shards its PS instead (Dean et al. 2012, Sec. 4.1): here D
+actors each hold a block of whole parameter arrays (`dense_blocks.blocks`, by size) with their
+optimizer state, and apply the gradients of their own block as they arrive. `DenseShards` is
+`ps.DensePS`'s interface over them: a worker's pull and push go to every block at once and are
+waited for together; the driver reads the params, optimizer state and a snapshot joined into the
+single-process layout (checkpoints resume on threads and back).
+
+Staleness is block 0's (the blocks take the same pushes, each in its own arrival order).
+Global-norm clipping (``dense.clip_norm``) needs the whole gradient, so it refuses D > 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from algorithms.runtime.dense_blocks import join, pick
+from algorithms.runtime.ray_backend import _ray
+from algorithms.runtime.ray_wire import host_value
+
+
+def _shape(tree: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+class DenseShards:
+    """`ps.DensePS`'s interface over the block servers `servers` (`ray_wire.Hosted` proxies of
+    `ps.DensePS`), block s holding the leaves `cut[s]` of params shaped as `params`, optimizer
+    state as `opt_state`; picklable, so a worker actor calls the servers itself."""
+
+    def __init__(self, servers: list, cut: list[list[int]], params: Any, opt_state: Any):
+        self.servers, self.cut = servers, cut
+        self.pdef = jax.tree.structure(params)
+        self._params, self._opt = _shape(params), _shape(opt_state)
+
+    def _all(self, method: str, *per_block) -> list:
+        """`method` on every block at once, waited for together; `per_block[k][s]`: block
+        s's k-th argument."""
+        ray = _ray()
+        refs = [h._handle.call.remote(method, *(host_value(a[s]) for a in per_block))
+                for s, h in enumerate(self.servers)]
+        return ray.get(refs)
+
+    def pull(self) -> tuple[Any, tuple[int, ...]]:
+        got = self._all("pull")
+        return join([p for p, _ in got], self._params, self.pdef), tuple(v for _, v in got)
+
+    def push(self, grads: Any, version: tuple[int, ...]) -> None:
+        self._all("push", [pick(grads, self.pdef, b) for b in self.cut], version)
+
+    def snapshot(self) -> tuple[Any, Any]:
+        got = self._all("snapshot")
+        return (join([p for p, _ in got], self._params, self.pdef),
+                join([o for _, o in got], self._opt, self.pdef))
+
+    def restore(self, params: Any, opt_state: Any) -> None:
+        self._all("restore", [pick(params, self.pdef, b) for b in self.cut],
+                  [pick(opt_state, self.pdef, b) for b in self.cut])
+
+    @property
+    def params(self) -> Any:
+        return self.snapshot()[0]
+
+    @property
+    def opt_state(self) -> Any:
+        return self.snapshot()[1]
+
+    @property
+    def version(self) -> int:
+        return self.servers[0].version
+
+    @property
+    def staleness(self):
+        return self.servers[0].staleness
