@@ -89,12 +89,13 @@ def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers:
         ray=dataclasses.replace(c.ray, snapshot_every=1_000_000, roles=roles))
 
 
-def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0):
+def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
+                roles: str = "auto"):
     """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5).
 
     GBA and Persia count a step as one global batch of both workers' rows (2 x `batch`)."""
     k = 2 if algo in ("gba", "persia") else 1  # worker batches per step
-    c = bench_config(backend, 2, steps * k, batch, seed=seed)
+    c = bench_config(backend, 2, steps * k, batch, seed=seed, roles=roles)
     c = dataclasses.replace(c, train=dataclasses.replace(
         c.train, algo=algo, steps=steps, batch_size=batch * k))
     if algo == "gba":
@@ -198,15 +199,25 @@ def bench_real(repeats: int, workers: list[int], per_worker: int, batch: int,
                 for w in workers}, "all": eps}
 
 
-def bench_algos(algos: list[str], repeats: int, steps: int, batch: int) -> dict:
-    """Each algorithm, threads vs Ray, 2 workers: examples/sec and the median ratio."""
-    runs = {a: {"threads": [], "ray": []} for a in algos}
+def bench_algos(algos: list[str], repeats: int, steps: int, batch: int,
+                roles: tuple = ("auto",)) -> dict:
+    """Each algorithm, threads vs Ray (under each ``--ray.roles`` of `roles`, interleaved),
+    2 workers: examples/sec and the median ratio (one set per roles value when several)."""
+    runs = {a: {k: [] for k in ("threads", *roles)} for a in algos}
     for r in range(repeats):
         for a in algos:
-            for backend in ("threads", "ray"):
-                runs[a][backend].append(_eps(algo_config(a, backend, steps, batch, seed=r)))
+            runs[a]["threads"].append(_eps(algo_config(a, "threads", steps, batch, seed=r)))
+            for ro in roles:
+                runs[a][ro].append(_eps(algo_config(a, "ray", steps, batch, seed=r, roles=ro)))
+
+    def versus(v: dict) -> dict:
+        if len(roles) == 1:
+            return _versus({"threads": v["threads"], "ray": v[roles[0]]})
+        return {ro: _versus({"threads": v["threads"], "ray": v[ro]}) for ro in roles}
+
     return {"name": "ray/algos", "workers": 2, "worker_batch_size": batch, "steps": steps,
-            "model": "dlrm_kaggle", "repeats": repeats, **{a: _versus(v) for a, v in runs.items()}}
+            "model": "dlrm_kaggle", "repeats": repeats, "roles": list(roles),
+            **{a: versus(v) for a, v in runs.items()}}
 
 
 def bench_call(batch: int, n: int = 50) -> dict:
@@ -422,6 +433,52 @@ def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[
             bench_scaling(repeats, 40 if quick else 100, 512, SCALING_FACTOR)]
 
 
+def bench_memory(roles: tuple, workers: int = 2, steps: int = 8) -> dict:
+    """Measurement 8 (``--memory``): the driver's peak resident memory in a dlrm_kaggle async
+    run from the CLI, for each ``--ray.roles``, and each of its Ray processes' peak (sampled
+    every 0.1 s with psutil, the driver's own read from its VmHWM); one subprocess per run."""
+    import subprocess
+    import tempfile
+
+    out = {"name": "ray/memory", "config": "dlrm_kaggle", "workers": workers, "steps": steps}
+    for ro in roles:
+        with tempfile.TemporaryDirectory() as tmp:
+            hwm_file = pathlib.Path(tmp) / "vmhwm"
+            cmd = [sys.executable, "-c", _MEMORY_RUN, str(hwm_file), "--config", "dlrm_kaggle", "--algo",
+                   "async", "--backend", "ray", "--trainers", str(workers),
+                   "--workers-per-trainer", "1", "--steps", str(steps), "--ray.roles", ro,
+                   "--out", str(pathlib.Path(tmp) / "run")]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+            me, peaks = psutil.Process(proc.pid), {}
+            while proc.poll() is None:
+                try:
+                    for c in me.children(recursive=True):
+                        with contextlib.suppress(psutil.Error):
+                            name = c.name()
+                            peaks[name] = max(peaks.get(name, 0), c.memory_info().rss)
+                except psutil.Error:
+                    pass
+                time.sleep(0.1)
+            hwm = int(hwm_file.read_text()) if hwm_file.exists() else 0
+        if proc.returncode or not hwm:
+            raise RuntimeError(f"the --ray.roles {ro} run failed (exit {proc.returncode})")
+        out[ro] = {"driver_peak_mib": hwm / 1024,
+                   "children_peak_mib": {k: v / 2**20 for k, v in sorted(peaks.items())}}
+        print(f"  --ray.roles {ro}: driver peak {hwm / 1024:.0f} MiB; "
+              + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(peaks.items())
+                          if v > 2**28), file=sys.stderr, flush=True)
+    return out
+
+
+# the CLI's run, then the process's peak resident memory (VmHWM, KiB) into the file argv[1]
+_MEMORY_RUN = """import pathlib, sys
+from algorithms.train_main import main
+main(sys.argv[2:])
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
+pathlib.Path(sys.argv[1]).write_text(hwm)
+"""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
@@ -438,9 +495,12 @@ def main(argv=None) -> int:
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
                         "(bench_ray_serial.py)")
     p.add_argument("--roles", default="auto",
-                   help="--serial, --real: where the workers' roles run under Ray (--ray.roles: "
-                        "auto, driver or actors); --serial takes several, comma-separated, "
-                        "and interleaves them")
+                   help="--serial, --real, --algos, --memory: where the workers' roles run "
+                        "under Ray (--ray.roles: auto, driver or actors); all but --real take "
+                        "several, comma-separated, interleaved")
+    p.add_argument("--memory", action="store_true",
+                   help="only measurement 8: the driver's peak memory, dlrm_kaggle, for each "
+                        "--roles value")
     p.add_argument("--cpu", action="store_true",
                    help="only measurement 6: CPU per step, threads vs Ray vs Ray's floor")
     a = p.parse_args(argv)
@@ -452,13 +512,16 @@ def main(argv=None) -> int:
         algos = [x.strip() for x in a.algos.split(",") if x.strip()]
         if unknown := sorted(set(algos) - set(ALGOS)):
             p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
-        rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size)]
+        rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size,
+                            tuple(a.roles.split(",")))]
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
         rows = bench_serial(bench_config, a.repeats, roles=tuple(a.roles.split(",")))
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
+    elif a.memory:
+        rows = [bench_memory(tuple(a.roles.split(",")))]
     elif a.real:
         rows = [bench_real(a.repeats, [int(w) for w in a.real.split(",")], a.per_worker,
                            a.batch_size, a.ps_shards, a.roles)]
