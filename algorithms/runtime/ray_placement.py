@@ -117,7 +117,11 @@ class RayPlacement:
         return self._fns[key]
 
     def warm(self, params, batch):
+        """Compile the groups' functions and (roles in the actors) open their data."""
+        opening = [h.prepare.remote() for h in self.groups.handles.values()] if self.in_actors \
+            else []
         self.groups.warm_all(params, batch)
+        ray_backend._ray().get(opening)
 
     def check(self, now=False):
         self.cluster.check(now)

@@ -158,9 +158,7 @@ class _ActorWorker:
 
     # -- the role's interface ----------------------------------------------------------------
     def take(self):
-        if not self.server.gate.enter():
-            return None
-        item = self.supply.take(self.wid)
+        item = self.supply.take(self.wid) if self.server.gate.enter() else None
         reader = self.supply.data.readers.get(f"worker {self.wid}")
         if reader is not None:
             with self.server.delta.lock:
@@ -248,11 +246,10 @@ class RoleServer(ComputeServer):
         of `workers`, on the batches ``skip ..`` of its shard, ``quota`` batches among all
         workers (`supply.StaticShards`)."""
         from algorithms.runtime.ps import localize
-        from algorithms.runtime.supply import Feed, StaticShards
+        from algorithms.runtime.supply import StaticShards
 
         self.stop_role()
-        if self._feed is None:  # the data, read in this process (kept across intervals)
-            self._feed = Feed(self.cfg, self.batch_size)
+        self.prepare()
         f, tc = self._feed, self.cfg.train
         layout = self._model_layout()
         self._supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle, workers, skip,
@@ -267,6 +264,15 @@ class RoleServer(ComputeServer):
         self._thread = threading.Thread(target=self._drive, args=(role,),
                                         name=f"recjax-role-w{wid}", daemon=True)
         self._thread.start()
+
+    def prepare(self) -> None:
+        """Open the data in this process (synthetic data generated, a small source cached:
+        `supply.Feed`), once for the run: the placement calls it before the clock runs, as the
+        driver opens its own data while the run sets up."""
+        from algorithms.runtime.supply import Feed
+
+        if self._feed is None:
+            self._feed = Feed(self.cfg, self.batch_size)
 
     def _model_layout(self):
         from algorithms.runtime.worker import model_spec
