@@ -213,7 +213,7 @@ class _ActorWorker:
                     break
                 except ray.exceptions.RayActorError:
                     if not self.server.await_restart(s, gen):
-                        raise WorkerLost("stopped while PS shard {s} was down") from None
+                        raise WorkerLost(f"stopped while PS shard {s} was down") from None
                     gen, ref = self.gen[s], self._send(s, request)
         return out
 
@@ -297,14 +297,12 @@ class RoleServer(ComputeServer):
                     raise TypeError(f"a role in an actor yielded {effect!r}; only Work is "
                                     "supported there")
                 took = time.perf_counter() - t0 if effect.measured is None else effect.measured
-                extra = (effect.factor - 1.0) * took
-                if extra > 0:
-                    time.sleep(extra)
                 with self.delta.lock:
                     for link, nbytes in effect.transfers:
                         self.delta.d["link_bytes"][link.name] += nbytes
-                if effect.pause > 0:
-                    time.sleep(effect.pause)
+                idle = max((effect.factor - 1.0) * took, 0.0) + effect.pause
+                with gate.cond:  # the slowdown, then the pause; a stop cuts it short
+                    gate.cond.wait_for(lambda: gate.stopped, timeout=idle)
         except BaseException as e:  # noqa: BLE001 - handed to the driver by `advance`
             error = e
         finally:
