@@ -2,7 +2,8 @@
 ``--ray.roles actors``), without Ray: a role on a thread of its own takes batches through
 `_Gate.enter`; the driver's `_Gate.chunk` lets it take exactly the batches (or the seconds) it
 allows and returns only where the role waits for its next batch, after its previous step's
-work, so that the state is whole between chunks.
+work, so that the state is whole between chunks; and `RoleServer._drive` runs a role's `Work`
+as the threaded interpreter does (a straggler's push after its slowdown, a stop at once).
 """
 
 import threading
@@ -72,3 +73,52 @@ def test_a_stop_ends_the_role_where_it_waits():
     gate.stop()
     t.join(5)
     assert not t.is_alive() and log == [("done", 0), ("done", 1), ("stopped", 2)]
+
+
+def _server():
+    """A `RoleServer` with only what `_drive` uses (no model, no Ray)."""
+    from algorithms.runtime.ray_roles import RoleServer, _Delta
+
+    s = object.__new__(RoleServer)
+    s.gate, s.delta, s._supply = _Gate(), _Delta(1), None
+    return s
+
+
+def test_a_straggler_pushes_after_its_slowdown_and_a_stop_cuts_the_sleep_short():
+    """`RoleServer._drive` runs a role's `Work` as the threaded interpreter does: a step of
+    factor F sleeps (F - 1) x its measured compute before the role resumes (and pushes);
+    the links' bytes are counted; a stop ends the sleep at once."""
+    from algorithms.runtime.clock import Link, Work
+
+    link, log = Link("emb-ps-0", float("inf")), []
+
+    def role():
+        for i in range(3):
+            log.append(("computed", i, time.monotonic()))
+            yield Work(factor=3.0, measured=0.05, transfers=((link, 100),))
+            log.append(("pushed", i, time.monotonic()))
+
+    s = _server()
+    t = threading.Thread(target=s._drive, args=(role(),), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and s.gate.done and s.gate.error is None
+    for i in range(3):
+        (_, _, c), (_, _, p) = log[2 * i], log[2 * i + 1]
+        assert 0.1 <= p - c < 0.5, (i, p - c)  # (3 - 1) x 0.05 s
+    assert s.delta.d["link_bytes"]["emb-ps-0"] == 300
+
+    s, log = _server(), []
+
+    def slow():
+        log.append("computed")
+        yield Work(factor=1001.0, measured=0.05)  # 50 s
+        log.append("pushed")
+
+    t = threading.Thread(target=s._drive, args=(slow(),), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.2)
+    s.gate.stop()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 2 and log == ["computed"]
