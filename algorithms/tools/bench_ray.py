@@ -494,6 +494,9 @@ def main(argv=None) -> int:
     p.add_argument("--serial", action="store_true",
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
                         "(bench_ray_serial.py)")
+    p.add_argument("--serial-workers", default="1,16",
+                   help="--serial: the worker counts (the criteria compare the fewest and the "
+                        "most; the driver's CPU is judged at each)")
     p.add_argument("--roles", default="auto",
                    help="--serial, --real, --algos, --memory: where the workers' roles run "
                         "under Ray (--ray.roles: auto, driver or actors); all but --real take "
@@ -517,7 +520,8 @@ def main(argv=None) -> int:
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
-        rows = bench_serial(bench_config, a.repeats, roles=tuple(a.roles.split(",")))
+        rows = bench_serial(bench_config, a.repeats, roles=tuple(a.roles.split(",")),
+                            workers=tuple(int(w) for w in a.serial_workers.split(",")))
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.memory:
