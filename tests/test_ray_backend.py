@@ -316,10 +316,13 @@ def test_killed_ps_shard_restarts_from_its_snapshot(cluster, roles):
     is at push 8 and the one push since is lost; with the roles in the actors the driver
     counts pushes per chunk, the chunk is cut before push 10 and the snapshot due there (at 9)
     taken before the kill: none lost, and the worker's next pull finds the shard dead, waits
-    for the restarted one and goes on."""
+    for the restarted one and goes on. (Snapshots come at chunk ends: with chunks that end by
+    time the one before the kill may be older, and pushes since it lost.)"""
     base = small_cfg("async", steps=40, trainers=1, workers_per_trainer=1,
                      dense=("adam", 0.01), sparse=("adagrad", 0.05))
-    s = async_ps.run(on_ray(base, kill="ps:0@10", snapshot_every=4, roles=roles))
+    # one chunk until the cut (chunks that end by time under load would move the snapshots)
+    s = async_ps.run(on_ray(base, kill="ps:0@10", snapshot_every=4, roles=roles,
+                            chunk_s=600.0))
     assert s["ps_restarts"] == 1
     assert s["ps_pushes_lost"] == (1 if roles == "driver" else 0)
     assert s["steps"] == 40 and s["worker_iterations"] == 40
