@@ -320,11 +320,8 @@ class EmbeddingPS:
                 shard.warm(rows, grads)
 
     def shard_bytes(self, rows: Rows) -> list[int]:
-        """Bytes each shard serves for one batch (rows pulled + row gradients pushed)."""
-        out = [0] * self.num_shards
-        for name, (_, n) in rows.items():
-            out[self.placement[name]] += 2 * n * self._dim[name] * 4
-        return out
+        """Bytes each shard serves for one batch (`shard_bytes`)."""
+        return shard_bytes(rows, self.placement, self._dim, self.num_shards)
 
     def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """``(tables, slots)`` of every table, copies (a fuzzy snapshot while workers push).
@@ -381,6 +378,16 @@ class SyncPS:
             self.w = w
 
 
+def shard_bytes(rows: Rows, placement: dict[str, int], dims: dict[str, int],
+                shards: int) -> list[int]:
+    """Bytes each of `shards` shards serves for one batch's `rows` (rows pulled + row
+    gradients pushed, f32): table name -> its shard (`placement`) and width (`dims`)."""
+    out = [0] * shards
+    for name, (_, n) in rows.items():
+        out[placement[name]] += 2 * n * dims[name] * 4
+    return out
+
+
 class DensePS:
     """The async (Downpour) PS of the dense params: applies every pushed gradient at once.
 
@@ -412,13 +419,3 @@ class DensePS:
     def restore(self, params: Any, opt_state: Any) -> None:
         with self._lock:
             self.params, self.opt_state = params, opt_state
-
-
-def dense_ps(params: Any, opt_state: Any, dense_cfg) -> DensePS:
-    """A `DensePS` whose optimizer is built here from the config's ``dense`` section (the
-    factory of a dense PS hosted in an actor of its own, `placement.Placement.dense_ps`)."""
-    from recjax.train.setup import make_dense_tx
-    from recjax.train.step import apply_dense
-
-    tx = make_dense_tx(dense_cfg)
-    return DensePS(params, opt_state, jax.jit(lambda p, o, g: apply_dense(tx, p, o, g)))

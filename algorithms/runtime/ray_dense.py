@@ -21,8 +21,20 @@ from typing import Any
 import jax
 
 from algorithms.runtime.dense_blocks import join, pick
+from algorithms.runtime.ps import DensePS
 from algorithms.runtime.ray_backend import _ray
 from algorithms.runtime.ray_wire import host_value
+
+
+def dense_ps(params: Any, opt_state: Any, dense_cfg) -> DensePS:
+    """A `ps.DensePS` whose optimizer is built here from the config's ``dense`` section: the
+    factory of a dense PS (or one block of it) hosted in an actor of its own
+    (`placement.Placement.dense_ps`)."""
+    from recjax.train.setup import make_dense_tx
+    from recjax.train.step import apply_dense
+
+    tx = make_dense_tx(dense_cfg)
+    return DensePS(params, opt_state, jax.jit(lambda p, o, g: apply_dense(tx, p, o, g)))
 
 
 def _shape(tree: Any) -> Any:
@@ -63,13 +75,19 @@ class DenseShards:
         self._all("restore", [pick(params, self.pdef, b) for b in self.cut],
                   [pick(opt_state, self.pdef, b) for b in self.cut])
 
+    def _joined(self, name: str, like: Any) -> Any:
+        """Attribute `name` of every block (read at once), joined like `like`."""
+        ray = _ray()
+        parts = ray.get([h._handle.attr.remote(name) for h in self.servers])
+        return join(jax.device_get(parts), like, self.pdef)
+
     @property
     def params(self) -> Any:
-        return self.snapshot()[0]
+        return self._joined("params", self._params)
 
     @property
     def opt_state(self) -> Any:
-        return self.snapshot()[1]
+        return self._joined("opt_state", self._opt)
 
     @property
     def version(self) -> int:

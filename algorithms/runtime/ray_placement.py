@@ -85,14 +85,14 @@ class RayPlacement:
 
         params, opt_state = jax.device_get((params, opt_state))
         if shards == 1:
-            return self.host(ps_lib.DensePS, ps_lib.dense_ps, params, opt_state, cfg.dense)
+            return self.host(ps_lib.DensePS, ray_dense.dense_ps, params, opt_state, cfg.dense)
         if cfg.dense.clip_norm > 0:
             raise ValueError(f"--ray.dense_shards {shards}: each block's PS applies its own "
                              "part of a gradient, and dense.clip_norm clips by the norm of the "
                              "whole gradient; drop one of them")
         pdef = jax.tree.structure(params)
         cut = dense_blocks.blocks(params, shards)
-        servers = [self.host(ps_lib.DensePS, ps_lib.dense_ps, pick(params, pdef, b),
+        servers = [self.host(ps_lib.DensePS, ray_dense.dense_ps, pick(params, pdef, b),
                              pick(opt_state, pdef, b), cfg.dense) for b in cut]
         return ray_dense.DenseShards(servers, cut, params, opt_state)
 

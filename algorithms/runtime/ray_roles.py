@@ -42,8 +42,9 @@ import types
 
 from algorithms.runtime import stragglers as stragglers_lib
 from algorithms.runtime.clock import Link, Work, WorkerLost
+from algorithms.runtime.ps import shard_bytes
 from algorithms.runtime.ray_backend import _ray, parse_kill, sigkill
-from algorithms.runtime.ray_wire import pack_rows, unpack_rows, unwire_rows, wire_rows
+from algorithms.runtime.ray_wire import pack_rows, unpack_rows, wire_rows
 from algorithms.runtime.ray_workers import ComputeServer
 
 
@@ -153,6 +154,7 @@ class _ActorWorker:
         self.gen = [0] * len(shards)  # handles received (the role's view)
         self.restarts = [r for _, _, r in shards]  # the driver's restart count of each shard
         self.example_cost, self.dims = example_cost, dims
+        self.placement = {k: s for s, names in enumerate(self.names) for k in names}
         self.links = [Link(f"emb-ps-{s}", float("inf")) for s in range(len(shards))]
         self._read = 0
 
@@ -173,9 +175,9 @@ class _ActorWorker:
         parts = {s: {k: rows[k] for k in names} for s, names in enumerate(self.names) if names}
         wires = {s: wire_rows(p) for s, p in parts.items()}
         pulled = self._each(lambda s: ("pull_rows", wires[s], True), parts)
-        minis = [unpack_rows(pulled[s], unwire_rows(wires[s])) for s in sorted(parts)]
+        minis = [unpack_rows(pulled[s], parts[s]) for s in sorted(parts)]
         (m, secs), g, *per = self.server.compute(params, local, True, *minis)  # row sums
-        nbytes = [sum(2 * rows[k][1] * self.dims[k] * 4 for k in names) for names in self.names]
+        nbytes = shard_bytes(rows, self.placement, self.dims, len(self.names))
         with self.server.delta.lock:
             d = self.server.delta.d
             d["metrics"].append(m)
@@ -183,7 +185,7 @@ class _ActorWorker:
             d["measured"].append(secs)
             for s, b in enumerate(nbytes):
                 d["shard_bytes"][s] += b
-        sums = {s: pack_rows(per[s], unwire_rows(wires[s])) for s in parts}
+        sums = {s: pack_rows(per[s], parts[s]) for s in parts}
         work = Work(self.example_cost * self.server.batch_size, self.draws.factor(self.wid, it),
                     tuple((self.links[s], b) for s, b in enumerate(nbytes) if b), measured=secs)
         return g, (wires, sums), work
@@ -250,8 +252,7 @@ class RoleServer(ComputeServer):
 
         self.stop_role()
         self.prepare()
-        f, tc = self._feed, self.cfg.train
-        layout = self._model_layout()
+        f, tc, layout = self._feed, self.cfg.train, self.layout
         self._supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle, workers, skip,
                                     quota, lambda b: localize(layout, b), f.depth)
         draws = stragglers_lib.parse(self.cfg.runtime.stragglers, workers, tc.seed)
@@ -273,14 +274,6 @@ class RoleServer(ComputeServer):
 
         if self._feed is None:
             self._feed = Feed(self.cfg, self.batch_size)
-
-    def _model_layout(self):
-        from algorithms.runtime.worker import model_spec
-        from recjax.train.setup import make_model
-
-        if not hasattr(self, "_layout"):
-            self._layout = make_model(self.cfg, model_spec(self.cfg, self._feed.data.spec)).layout
-        return self._layout
 
     def _drive(self, role) -> None:
         """`clock._drive` in real time, for Work only: a straggler's slowdown slept here, the

@@ -50,6 +50,7 @@ class ComputeServer:
         from recjax.train.setup import make_model
 
         model = make_model(cfg, model_spec(cfg, spec))
+        self.layout = model.layout  # the batches' (a role run here localizes them)
         mini = mini_layout(model.layout, batch_size, spec.max_len)
         mini_model = Model(model.module, mini, model.microbatches)
         grads, grads_rows = make_grads(mini, mini_model)
