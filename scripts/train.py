@@ -9,6 +9,9 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from algorithms.train_main import main  # noqa: E402
+from recjax.train.signals import exit_quietly  # noqa: E402
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    exit_quietly(code)  # the run is over: a late SIGTERM/Ctrl-C ends it with its own code
+    raise SystemExit(code)

@@ -23,6 +23,7 @@ def faults(*args: str) -> subprocess.CompletedProcess:
 def test_fault_cycles_lose_nothing_and_resume_bitwise(tmp_path):
     r = faults("--cycles", "3", "--seed", "1", "--workdir", str(tmp_path / "runs"),
                "--json", str(tmp_path / "report.json"))
+    assert (tmp_path / "report.json").exists(), r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report) == {"single", "sync", "shadow"}
     for algo, a in report.items():

@@ -201,6 +201,27 @@ def test_no_traceback_from_a_ctrl_c_after_exit_130(tmp_path):
     assert "Traceback" not in p.stderr and "interrupted" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_after_the_run_finished_exits_with_the_runs_code(tmp_path, sig):
+    """scripts/train.py as a user runs it: a scheduler's SIGTERM that lands after the summary
+    was printed, while Python shuts down, ended the process as killed (-15) although the run
+    was complete (CI's fault cycles, once); a Ctrl-C there printed a traceback."""
+    script = textwrap.dedent(f"""
+        import atexit, os, runpy, sys, time
+        sys.path.insert(0, {ROOT!r})
+        import algorithms
+
+        algorithms.run = lambda cfg: {{"algorithm": "single", "steps": 3}}
+        atexit.register(lambda: (os.kill(os.getpid(), {int(sig)}), time.sleep(5)))
+        sys.argv = ["train.py", "--config", "smoke"]
+        runpy.run_path(os.path.join({ROOT!r}, "scripts", "train.py"), run_name="__main__")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and "steps  3" in p.stdout, (p.stdout, p.stderr)
+
+
 @pytest.mark.parametrize("algo,fields", [
     ("gba", {"workers": 2, "local_batch_size": 32}),
     ("persia", {}),
