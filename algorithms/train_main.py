@@ -4,6 +4,7 @@ run the algorithm, print the summary. Tests call `main` in-process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -27,6 +28,10 @@ def main(argv=None) -> int:
 
     compile_cache.enable(cfg.train.compile_cache)
     import algorithms  # after parsing: --help stays instant
+
+    # the summary is printed and the returned state dropped: a Ray run's driver need not
+    # gather the tables for it (they stay in their shard actors; other backends ignore it)
+    cfg = dataclasses.replace(cfg, ray=dataclasses.replace(cfg.ray, final_tables=False))
 
     try:
         summary = algorithms.run(cfg)

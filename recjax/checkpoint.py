@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -41,6 +41,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
+from recjax import checkpoint_parts
+from recjax.checkpoint_parts import Part
 from recjax.checksum import KIND as wsum32_kind
 from recjax.checksum import wsum32
 
@@ -174,13 +176,19 @@ class Checkpointer:
             print(f"removed {len(stale)} unfinished checkpoint save(s) in {self.directory}: "
                   + ", ".join(os.path.basename(p) for p in stale))
 
-    def save(self, step: int, state: Any, meta: dict, extra: Any = None) -> None:
+    def save(self, step: int, state: Any, meta: dict, extra: Any = None,
+             parts: Sequence[Part] = ()) -> None:
         """Write `state` at `step`, read it back and check it, then drop the oldest beyond
         `max_to_keep`; returns once all of that is done (a stop right after is safe).
 
         `extra`: a pytree of arrays that only the algorithm that wrote it reads back
         (`restore_extra`: e.g. ShadowSync's replicas), committed with `state` in the same
         rename and checksummed likewise; `restore` and every other algorithm ignore it.
+
+        `parts`: tables that other processes hold and write themselves
+        (`recjax.checkpoint_parts`), in the same rename; `state` then lacks those tables and
+        their slots, and each holder reads its own part back for the check. `restore` merges
+        them into the state it returns.
 
         A step that is already committed and intact is not written again (Ctrl-C right after a
         periodic save saves the same step); a damaged one is replaced. A step that fails its
@@ -194,7 +202,7 @@ class Checkpointer:
                 if step in self._good:  # written (or restored) and verified by this process
                     return
                 known = step in self._bad
-                why = self._bad[step] if known else self._verify(step, state)
+                why = self._bad[step] if known else self._verify(step, state, parts=parts)
                 if why is None:
                     self._good.add(step)
                     return
@@ -204,6 +212,11 @@ class Checkpointer:
             record = [[*spec, crc] for spec, crc in zip(array_specs(state), checksums(state))]
             integrity = {"checksum": "crc32", "arrays": record}
             items = {"state": ocp.args.StandardSave(state)}
+            if parts:  # written by their holders before orbax starts (`checkpoint_parts`)
+                items.update({p.item: checkpoint_parts.PartSave(d) for p, d in zip(
+                    parts, self._stage(step, parts))})
+                integrity["parts"] = [{"item": p.item, "names": list(p.names),
+                                       "arrays": p.record} for p in parts]
             if extra is not None:
                 integrity["extra_arrays"] = [[*spec, crc] for spec, crc in
                                              zip(array_specs(extra), checksums(extra))]
@@ -227,7 +240,10 @@ class Checkpointer:
                               else "no earlier checkpoint was written"))
                 raise OSError(f"could not write checkpoint step {step} in {self.directory}: "
                               f"{why}") from e
-            why = self._verify(step, state, extra)
+            if parts:  # the staging directory, emptied into the step
+                shutil.rmtree(os.path.join(self.directory, f"{step}{TMP_SUFFIX}-parts"),
+                              ignore_errors=True)
+            why = self._verify(step, state, extra, parts)
             if why is not None:
                 self._bad[step] = why
                 print(f"checkpoint step {step} in {self.directory} is damaged right after "
@@ -235,6 +251,23 @@ class Checkpointer:
                 return
             self._good.add(step)
             self._rotate(step)
+
+    def _stage(self, step: int, parts: Sequence[Part]) -> list[str]:
+        """Have every holder write its part into the step's staging directory, all at once;
+        their directories. A holder that fails: the staging directory is removed and the
+        save fails (nothing of the step is written yet)."""
+        staging = os.path.join(self.directory, f"{step}{TMP_SUFFIX}-parts")
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+        dirs = [os.path.join(staging, p.item) for p in parts]
+        try:
+            for wait in [p.write(d) for p, d in zip(parts, dirs)]:
+                wait()
+        except Exception as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise OSError(f"could not write checkpoint step {step} in {self.directory}: a "
+                          f"part's holder failed: {_first_line(e)}") from e
+        return dirs
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict]:
         """Restore the state at `step` with the structure/shapes of `like`, checking its CRCs.
@@ -338,8 +371,10 @@ class Checkpointer:
         _check_sums(record, extra, "the algorithm state's ", integrity.get("checksum"), self._sums)
         return extra
 
-    def _read(self, step: int, like: Any, host: bool = False) -> tuple[Any, dict]:
-        """The verified ``(state, meta)`` of `step`, onto the CPU with `host`.
+    def _read(self, step: int, like: Any, host: bool = False,
+              read_parts: bool = True) -> tuple[Any, dict]:
+        """The verified ``(state, meta)`` of `step`, onto the CPU with `host`; its parts
+        (`save`) read and merged in, or (not `read_parts`: their holders check them) left out.
 
         Raises:
           ValueError: another model or data schema; _Damaged: unreadable or wrong bytes.
@@ -354,13 +389,25 @@ class Checkpointer:
             raise _Damaged("it has no integrity record (checksums), so its bytes cannot be "
                            "verified; a checkpoint of a recjax version before checksums resumes "
                            "with --train.unverified_resume=true")
+        parts = _parts_record(integrity) if record is not None else []
+        full, subs = like, []
+        for p in parts:  # the tables other processes wrote (`recjax.checkpoint_parts`)
+            like, sub = checkpoint_parts.split(like, p["names"])
+            subs.append(sub)
         if record is not None:
             mine = array_specs(like)
             if [r[:3] for r in record] != mine:
                 raise ValueError(self._mismatch(step, _spec_diff([r[:3] for r in record], mine)))
+            if read_parts:
+                for p, sub in zip(parts, subs):
+                    if [r[:3] for r in p["arrays"]] != array_specs(sub):
+                        raise ValueError(self._mismatch(step, f"{p['item']}: " + _spec_diff(
+                            [r[:3] for r in p["arrays"]], array_specs(sub))))
         try:
             state = self._restore_item(step, "state", self._abstract(like, host),
                                        strict=record is None)
+            got = [self._restore_item(step, p["item"], self._abstract(sub, host))
+                   for p, sub in zip(parts, subs)] if read_parts else []
         except Exception as e:
             if record is None:  # written before checksums: cannot tell mismatch from damage
                 raise ValueError(self._mismatch(step, _first_line(e) + " (or the checkpoint "
@@ -368,21 +415,35 @@ class Checkpointer:
             raise _Damaged(f"an array file cannot be read: {_first_line(e)}") from e
         if record is not None:
             _check_sums(record, state, kind=kind, sums=self._sums)
+            for p, tree in zip(parts, got):
+                _check_sums(p["arrays"], tree, f"{p['item']}: ", kind=kind, sums=self._sums)
+        if parts and read_parts:
+            state = checkpoint_parts.merge(state, got, full)
         self._good.add(step)
         return state, meta
 
-    def _verify(self, step: int, like: Any, extra: Any = None) -> str | None:
-        """None if `step` reads back (onto the CPU) with matching CRCs, else why not.
+    def _verify(self, step: int, like: Any, extra: Any = None,
+                parts: Sequence[Part] = ()) -> str | None:
+        """None if `step` reads back (onto the CPU) with matching CRCs, else why not; each of
+        `parts` is read back by its holder (`like` lacks their tables).
 
         Raises:
           ValueError: `step` holds another model's arrays (left alone: not damage).
         """
         try:
-            self._read(step, like, host=True)
+            self._read(step, like, host=True, read_parts=not parts)
             if extra is not None:
                 self._read_extra(step, extra, host=True)
         except _Damaged as e:
             return str(e)
+        if parts:
+            saved = {p["item"]: p for p in _parts_record(self._meta(step)["integrity"])}
+            for p in parts:
+                if p.item not in saved or saved[p.item]["names"] != list(p.names):
+                    return f"its record does not name the part {p.item}"
+                why = p.verify(os.path.join(self.directory, str(step), p.item))
+                if why is not None:
+                    return f"{p.item}: {why}"
         return None
 
     def _restore_item(self, step: int, item: str, abstract: Any, strict: bool = True) -> Any:
@@ -390,8 +451,10 @@ class Checkpointer:
         Not `strict`: an array stored with more rows is read to `abstract`'s (a multi-process
         checkpoint pads its tables, `recjax.checkpoint_sharded.padded_rows`); only where the
         integrity record has already matched `abstract`'s shapes, which the sums then check."""
+        args = (checkpoint_parts.PartRestore if item.startswith(checkpoint_parts.PREFIX)
+                else ocp.args.StandardRestore)
         return getattr(self._mngr.restore(step, args=ocp.args.Composite(
-            **{item: ocp.args.StandardRestore(abstract, strict=strict)})), item)
+            **{item: args(abstract, strict=strict)})), item)
 
     def _sums(self, kind: str, tree: Any) -> list[str]:
         """Checksums of a restored tree (`host_sums`; the multi-process checkpointer sums
@@ -439,6 +502,19 @@ def _integrity_record(integrity: Any) -> list[list] | None:
                        for r in record)):
         raise _Damaged("its integrity record is malformed (damaged or edited)")
     return record
+
+
+def _parts_record(integrity: dict) -> list[dict]:
+    """The parts a step's integrity record lists (`save`), checked for form; [] if none."""
+    parts = integrity.get("parts", [])
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("item"), str)
+            and p["item"].startswith(checkpoint_parts.PREFIX)
+            and isinstance(p.get("names"), list) and isinstance(p.get("arrays"), list)
+            and all(isinstance(r, list) and len(r) == 4 and isinstance(r[3], str)
+                    for r in p["arrays"]) for p in parts):
+        raise _Damaged("its integrity record is malformed (damaged or edited)")
+    return parts
 
 
 def _check_sums(record: list[list], tree: Any, what: str = "", kind: str = "crc32",

@@ -209,6 +209,12 @@ class RayConfig:
       chunk_s: with the roles in the actors, seconds of steps a worker actor runs per call of
         the driver (it stops at the next step boundary after this): the driver's work is per
         chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.
+      final_tables: the run's returned ``final_state`` holds every table, gathered from the
+        shard actors into the driver at the end (what `algorithms.run` and `recjax.api`
+        callers read). False: the driver holds no table at the end unless it writes a
+        checkpoint or out/best (evaluation pulls each batch's rows from the shards, as the
+        workers do); the returned state's tables are empty. ``scripts/train.py`` sets it
+        false: it prints the summary and never reads the state.
     """
 
     address: str = ""
@@ -223,6 +229,7 @@ class RayConfig:
     roles: Literal["auto", "driver", "actors"] = "auto"
     dense_shards: int = 1
     chunk_s: float = 0.5
+    final_tables: bool = True
 
     def __post_init__(self):
         check_choices(self, "ray")

@@ -91,7 +91,7 @@ def test_every_placement_has_the_interface():
     assert {"make_ps", "host", "worker", "remote_fn", "warm", "check", "diagnose",
             "fault_counters", "close"} <= set(members)
     for impl in (placement.InProcess, ray_placement.RayPlacement):
-        for name in ("name", "tables_here", "data_here", "stop_saving"):
+        for name in ("name", "tables_here", "data_here", "stop_saving", "final_tables"):
             assert name in vars(impl) or name in inspect.getsource(impl.__init__), (impl, name)
         for name in members:
             want = list(inspect.signature(getattr(placement.Placement, name)).parameters)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import jax.numpy as jnp
+
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import Schedule
 from algorithms.runtime.segments import StateLost, with_latest
 from algorithms.runtime.worker import Worker, mini_layout
+from recjax import checkpoint_parts
 from recjax.train import contract
-from recjax.train.step import Model, StepMetrics, jit_predict
+from recjax.train.step import Model, StepMetrics, TrainState, jit_predict
 
 Runtime = Any  # `engine.Runtime` (not imported: the engine imports this module)
 
@@ -30,10 +33,17 @@ def totals(workers: list[Worker], completed: bool = False) -> dict:
     return contract.sum_metrics(ms) if ms else dict.fromkeys(StepMetrics._fields, 0.0)
 
 
+def pulls(rt: Runtime) -> bool:
+    """Evaluation looks each batch's rows up through the PS (an LRU store, or tables that
+    live in the PS's actors) instead of reading whole tables in this process."""
+    return rt.ps.lru or not rt.placement.tables_here
+
+
 def predictor(rt: Runtime):
-    """``(params, tables, batch) -> logits`` for eval: the full tables, or (LRU store) the
-    rows looked up through the PS without admitting anything."""
-    if not rt.ps.lru:
+    """``(params, tables, batch) -> logits`` for eval: the full tables, or (`pulls`) the rows
+    looked up through the PS without admitting anything: the same rows, so the same logits,
+    with no table gathered into this process."""
+    if not pulls(rt):
         return jit_predict(rt.model)
     model = Model(rt.model.module, mini_layout(rt.model.layout, rt.cfg.train.eval_batch_size,
                                                rt.max_len), rt.model.microbatches)
@@ -103,7 +113,8 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
         step = int(state.step)
     else:
         step = rt.start_step + iterations if step is None else step
-        state = rt.state(params, opt_state, step)
+        state = rt.state(params, opt_state, step) if _gather(rt) else \
+            TrainState(jnp.asarray(step, jnp.int32), params, opt_state, {}, {})
     sums = totals(workers, completed=report.early is not None)
     contract.check_finite(sums, f"in steps {rt.start_step + 1}-{step}", rt.ckpt)
     rt.progress.add(sums)
@@ -126,8 +137,11 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
         rt.progress.early_stop = report.stopper.state()
     take_counts(rt)
     mine = own(rt)
-    if rt.ckpt is not None:
-        contract.save(rt.ckpt, cfg, state, rt.progress, wall, mine)
+    if rt.ckpt is not None:  # tables that live in the PS's actors: each writes its own
+        parts = rt.placement.parts()
+        names = [n for p in parts for n in p.names]
+        contract.save(rt.ckpt, cfg, checkpoint_parts.split(state, names)[0], rt.progress, wall,
+                      mine, parts=parts)
     if not at_end:
         report.boundary(step, sched.seconds, ev, extra)
         if rt.periodic and step < (tc.stop_after or rt.run_steps):  # the run goes on from here
@@ -150,6 +164,15 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     report.final(step, sched.seconds, None if report.early is not None else ev, extra)
     contract.write_summary(cfg, summary, preds)
     return summary | {"final_state": state, "schedule": sched}
+
+
+def _gather(rt: Runtime) -> bool:
+    """The end of the call needs every table in this process: out/best is written from it,
+    the returned ``final_state`` holds them (``Placement.final_tables``), or an LRU store's
+    checkpoint; else, under Ray, the tables stay in their shard actors: evaluation pulls rows
+    (`pulls`) and each actor writes its own part of a checkpoint (`Placement.parts`)."""
+    return (rt.placement.tables_here or rt.ps.lru or rt.report.stopper is not None
+            or rt.placement.final_tables)
 
 
 def _layout(rt: Runtime, sched: Schedule, step: int, iterations: int) -> dict:

@@ -41,11 +41,14 @@ class Placement(Protocol):
       data_here: whether this process reads the workers' training data (with the roles in
         the actors each worker actor reads its own shard: this process keeps no cache of it).
       stop_saving: the exceptions that stop the roles and leave a checkpoint of their state.
+      final_tables: a run's returned ``final_state`` holds every table (where they are not
+        here: gathered at the end; ``ray.final_tables``).
     """
 
     name: str
     tables_here: bool
     data_here: bool
+    final_tables: bool
     stop_saving: tuple[type[BaseException], ...]
 
     def make_ps(self, layout, sparse_opt, tables: dict, slots: dict,
@@ -89,6 +92,11 @@ class Placement(Protocol):
     def fault_counters(self) -> dict:
         """The summary's counters of the faults survived (restarts, lost pushes)."""
 
+    def parts(self) -> list:
+        """A checkpoint's parts (`recjax.checkpoint_parts.Part`): the tables that processes
+        of their own write into the step; the state saved lacks them. [] = none (they are
+        in the state)."""
+
     def end_interval(self) -> None:
         """Between two checkpoint intervals of one run: the shared servers of the interval
         before (`host`) are done (PS shards and worker compute stay)."""
@@ -102,7 +110,7 @@ class InProcess:
     (`worker.Worker`; jitted functions as `worker.LocalFn`), and a shared server, which is the
     object itself. Nothing can die here without the process: no check, no fault counters."""
 
-    tables_here = data_here = True
+    tables_here = data_here = final_tables = True
     stop_saving = (KeyboardInterrupt,)
 
     def __init__(self, rt: Runtime, name: str):
@@ -141,6 +149,9 @@ class InProcess:
 
     def fault_counters(self):
         return {}
+
+    def parts(self):
+        return []
 
     def end_interval(self):
         pass  # a shared server is the algorithm's object: it goes with the interval's roles

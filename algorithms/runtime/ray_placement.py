@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.runtime import dense_blocks, ray_backend, ray_dense, ray_ps, ray_roles, ray_wire, ray_workers
+from algorithms.runtime import (
+    dense_blocks,
+    ray_backend,
+    ray_dense,
+    ray_parts,
+    ray_ps,
+    ray_roles,
+    ray_wire,
+    ray_workers,
+)
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.dense_blocks import pick
 from algorithms.runtime.segments import StateLost
@@ -41,6 +50,7 @@ class RayPlacement:
         self.cluster = ray_backend.Cluster(rt.cfg.ray, rt.cfg.train.out)
         self.groups = ray_workers.Groups(rt, self.cluster)
         self.in_actors = ray_roles.in_actors(rt.cfg)
+        self.final_tables = rt.cfg.ray.final_tables
         self.data_here = not self.in_actors
         if self.in_actors:
             self.groups.body = ray_roles.RoleServer
@@ -136,6 +146,11 @@ class RayPlacement:
         except OSError as lost:
             return lost
         return e
+
+    def parts(self) -> list:
+        """A checkpoint's parts: each shard actor writes its own tables (``ray_parts.py``);
+        an LRU store's are gathered into the state (none)."""
+        return [] if self.rt.ps.lru else ray_parts.parts(self.rt.ps.shards)
 
     def fault_counters(self):
         return {**self.rt.ps.fault_counters(), "ray_worker_groups": len(self.groups.handles),

@@ -1,10 +1,10 @@
 """The embedding PS of the Ray backend: one actor per shard (docs/distributed.md §4).
 
-`ShardServer` is the actor body of one shard (a `ps.EmbeddingShard` or `ps.LruShard` built in
-the actor); `ShardProxy` is the driver's handle of it (calls, snapshots, restarts after a
-death, kill injection); `RayEmbeddingPS` is `ps.EmbeddingPS`'s interface over the proxies. The
-rest of the backend: the cluster in ``ray_backend.py``, what travels and the hosted servers in
-``ray_wire.py``, worker groups in ``ray_workers.py``.
+`ShardServer` is one shard's actor body (a `ps.EmbeddingShard` or `ps.LruShard`); `ShardProxy`
+the driver's handle of it (calls, snapshots, restarts, kill injection); `RayEmbeddingPS`
+`ps.EmbeddingPS`'s interface over the proxies. Elsewhere: the cluster (``ray_backend.py``),
+what travels and hosted servers (``ray_wire.py``), worker groups (``ray_workers.py``), a
+checkpoint's per-shard parts (``ray_parts.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
+from algorithms.runtime import ray_parts
 from algorithms.runtime.ray_backend import Cluster, _ray, parse_kill, sigkill
 from algorithms.runtime.ray_wire import ShardGrads, pack_rows, unpack_sums, unwire_rows, wire_rows
 from recjax.config import Config, RayConfig
@@ -31,7 +32,7 @@ class PsFailed(OSError):
     the engine saves a checkpoint from the other shards and this one's last snapshot."""
 
 
-class ShardServer:
+class ShardServer(ray_parts.PartHolder):
     """The actor body of one embedding PS shard.
 
     Args:
@@ -445,5 +446,4 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
     def fault_counters(self) -> dict:
         return {"ps_restarts": sum(sh.restarts for sh in self.shards),
                 "ps_pushes_lost": sum(sh.pushes_lost for sh in self.shards)}
-
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from algorithms.runtime.finish import predictor, totals
+from algorithms.runtime.finish import predictor, pulls, totals
 from recjax.runlog import flat_scalars
 from recjax.train import contract
 from recjax.train.hooks import RunOutputs
@@ -191,7 +191,7 @@ class Reporter:
         params, opt_state, s = self.snapshot()
         s = int(s)
         state = rt.state(params, opt_state, s) if self.stopper is not None else None
-        tables = None if rt.ps.lru else (state.tables if state is not None
+        tables = None if pulls(rt) else (state.tables if state is not None
                                          else rt.ps.snapshot()[0])
         ev, preds = contract.evaluate(rt.cfg, rt.data, predictor(rt), params, tables)
         self.out.eval_record(s, ev)

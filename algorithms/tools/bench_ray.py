@@ -435,19 +435,20 @@ def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[
 
 def bench_memory(roles: tuple, workers: int = 2, steps: int = 8) -> dict:
     """Measurement 8 (``--memory``): the driver's peak resident memory in a dlrm_kaggle async
-    run from the CLI, for each ``--ray.roles``, and each of its Ray processes' peak (sampled
-    every 0.1 s with psutil, the driver's own read from its VmHWM); one subprocess per run."""
+    run from the CLI, for each ``--ray.roles``, without and with ``--out`` (its checkpoint
+    gathers every table into the driver), and each of its Ray processes' peak (sampled every
+    0.1 s with psutil, the driver's own read from its VmHWM); one subprocess per run."""
     import subprocess
     import tempfile
 
     out = {"name": "ray/memory", "config": "dlrm_kaggle", "workers": workers, "steps": steps}
-    for ro in roles:
+    for ro, ckpt in ((r, c) for r in roles for c in (False, True)):
         with tempfile.TemporaryDirectory() as tmp:
             hwm_file = pathlib.Path(tmp) / "vmhwm"
             cmd = [sys.executable, "-c", _MEMORY_RUN, str(hwm_file), "--config", "dlrm_kaggle", "--algo",
                    "async", "--backend", "ray", "--trainers", str(workers),
                    "--workers-per-trainer", "1", "--steps", str(steps), "--ray.roles", ro,
-                   "--out", str(pathlib.Path(tmp) / "run")]
+                   *(["--out", str(pathlib.Path(tmp) / "run")] if ckpt else [])]
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
             me, peaks = psutil.Process(proc.pid), {}
             while proc.poll() is None:
@@ -462,9 +463,10 @@ def bench_memory(roles: tuple, workers: int = 2, steps: int = 8) -> dict:
             hwm = int(hwm_file.read_text()) if hwm_file.exists() else 0
         if proc.returncode or not hwm:
             raise RuntimeError(f"the --ray.roles {ro} run failed (exit {proc.returncode})")
-        out[ro] = {"driver_peak_mib": hwm / 1024,
-                   "children_peak_mib": {k: v / 2**20 for k, v in sorted(peaks.items())}}
-        print(f"  --ray.roles {ro}: driver peak {hwm / 1024:.0f} MiB; "
+        key = ro + (" --out" if ckpt else "")  # a checkpoint still gathers every table
+        out[key] = {"driver_peak_mib": hwm / 1024,
+                    "children_peak_mib": {k: v / 2**20 for k, v in sorted(peaks.items())}}
+        print(f"  --ray.roles {key}: driver peak {hwm / 1024:.0f} MiB; "
               + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(peaks.items())
                           if v > 2**28), file=sys.stderr, flush=True)
     return out

@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -334,9 +335,9 @@ def non_finite_leaves(state: Any) -> list[str]:
 
 
 def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
-         wall_now: float, extra: Any = None, **meta: Any) -> None:
+         wall_now: float, extra: Any = None, *, parts: Sequence = (), **meta: Any) -> None:
     """Checkpoint `state` at its step with the config and the run's progress (and `extra`,
-    the algorithm's own arrays: `Checkpointer.save`).
+    the algorithm's own arrays; `parts`, tables other processes write: `Checkpointer.save`).
 
     Raises:
       DivergedError: a leaf of the state (parameters, optimizer slots, tables) is NaN or
@@ -354,7 +355,7 @@ def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
                else "No checkpoint was written before it. ")
             + "Lower the learning rates (--dense.lr, --sparse.lr) or add --dense.clip_norm")
     ckpt.save(step, state, {"config": cfg.to_dict(), "progress": progress.as_dict(wall_now),
-                            **meta}, extra)
+                            **meta}, extra, **({"parts": parts} if parts else {}))
 
 
 def restore_extra(ckpt: Checkpointer | None, step: int, like: Any, who: str) -> Any:
