@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -125,6 +126,7 @@ def write(directory: str, part_tree: dict) -> None:
     directory, moved into the step by `PartHandler`)."""
     from recjax.checkpoint import _orbax_quiet
 
+    shutil.rmtree(directory, ignore_errors=True)  # a retry after the holder was restarted
     path = epath.Path(directory)
     handler = ocp.StandardCheckpointHandler()
     with _orbax_quiet():

@@ -129,6 +129,9 @@ def test_ctrl_c_stops_every_actor_and_leaves_a_checkpoint(tmp_path):
     assert ckpts, log
     _no_process_left(mark)
     step = max(map(int, ckpts))
+    # the stop's checkpoint: the shard actors wrote their tables (parts), the driver the rest
+    meta = json.loads((out / "checkpoints" / str(step) / "meta" / "metadata").read_text())
+    assert [p["item"] for p in meta["integrity"]["parts"]] == ["tables_0", "tables_1"], meta
     with open(log_path, "w") as log:
         r = _train(["--algo", "async", "--config", "smoke", "--steps", str(step + 20),
                     "--trainers", "2", "--workers-per-trainer", "1", "--out", str(out),

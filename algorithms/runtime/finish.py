@@ -90,9 +90,23 @@ def save_stopped(rt: Runtime, snapshot, workers: list[Worker], why: str) -> None
     if rt.report.stopper is not None:  # the best so far goes on after a --resume
         rt.progress.early_stop = rt.report.stopper.state()
     take_counts(rt)
-    contract.save(rt.ckpt, rt.cfg, rt.state(params, opt_state, step), rt.progress,
-                  time.perf_counter() - rt.t0, own(rt), interrupted=True)
+    saved, parts = _to_save(rt, TrainState(jnp.asarray(step, jnp.int32), params, opt_state,
+                                           {}, {}))
+    contract.save(rt.ckpt, rt.cfg, saved, rt.progress, time.perf_counter() - rt.t0, own(rt),
+                  parts=parts, interrupted=True)
     print(f"{why} at step {step}; checkpoint in {rt.cfg.train.out}")
+
+
+def _to_save(rt: Runtime, state: TrainState) -> tuple[TrainState, list]:
+    """``(the state a checkpoint saves, its parts)``: the tables the PS's actors write
+    themselves (`Placement.parts`), left out of `state`; else every table in `state`,
+    gathered now if it lacks them (a shard gone for good: its last snapshot)."""
+    parts = rt.placement.parts()
+    if parts:
+        return checkpoint_parts.split(state, [n for p in parts for n in p.names])[0], parts
+    if len(state.tables) < len(rt.model.layout.tables):
+        state = rt.state(state.params, state.opt_state, int(state.step))
+    return state, []
 
 
 def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: list[Worker],
@@ -138,10 +152,8 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     take_counts(rt)
     mine = own(rt)
     if rt.ckpt is not None:  # tables that live in the PS's actors: each writes its own
-        parts = rt.placement.parts()
-        names = [n for p in parts for n in p.names]
-        contract.save(rt.ckpt, cfg, checkpoint_parts.split(state, names)[0], rt.progress, wall,
-                      mine, parts=parts)
+        saved, parts = _to_save(rt, state)
+        contract.save(rt.ckpt, cfg, saved, rt.progress, wall, mine, parts=parts)
     if not at_end:
         report.boundary(step, sched.seconds, ev, extra)
         if rt.periodic and step < (tc.stop_after or rt.run_steps):  # the run goes on from here

@@ -149,8 +149,14 @@ class RayPlacement:
 
     def parts(self) -> list:
         """A checkpoint's parts: each shard actor writes its own tables (``ray_parts.py``);
-        an LRU store's are gathered into the state (none)."""
-        return [] if self.rt.ps.lru else ray_parts.parts(self.rt.ps.shards)
+        none (the tables gathered into the state) for an LRU store, or when a shard is gone
+        for good (its last snapshot is what is saved of it)."""
+        if self.rt.ps.lru:
+            return []
+        try:
+            return ray_parts.parts(self.rt.ps.shards)
+        except ray_ps.PsFailed:
+            return []
 
     def fault_counters(self):
         return {**self.rt.ps.fault_counters(), "ray_worker_groups": len(self.groups.handles),
