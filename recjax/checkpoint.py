@@ -17,6 +17,10 @@ pick up. Three things it does not do, done here:
   so) and delivered once the save, its check and the rotation are done: a second Ctrl-C or a
   scheduler's SIGTERM never cuts a commit or a rotation in half.
 
+Tables that other processes hold (the Ray backend's shard actors) can be written by them as
+parts of the step, in the same commit and under the same checks (`recjax.checkpoint_parts`);
+`restore` merges them back, so a reader never sees the difference.
+
 The saved tree is plain arrays (dense params, optimizer state, tables, sparse slots, step), so a
 checkpoint written by one algorithm can start another one with the same model (GBA's sync ->
 async switch is such a hand-over).
@@ -260,13 +264,23 @@ class Checkpointer:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
         dirs = [os.path.join(staging, p.item) for p in parts]
-        try:
-            for wait in [p.write(d) for p, d in zip(parts, dirs)]:
+        errors = []
+        waits = []
+        for p, d in zip(parts, dirs):
+            try:
+                waits.append(p.write(d))
+            except Exception as e:
+                errors.append(e)
+                break
+        for wait in waits:  # every started write ends before the staging directory goes
+            try:
                 wait()
-        except Exception as e:
+            except Exception as e:
+                errors.append(e)
+        if errors:
             shutil.rmtree(staging, ignore_errors=True)
             raise OSError(f"could not write checkpoint step {step} in {self.directory}: a "
-                          f"part's holder failed: {_first_line(e)}") from e
+                          f"part's holder failed: {_first_line(errors[0])}") from errors[0]
         return dirs
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict]:
