@@ -20,22 +20,19 @@ checks them on every restore and merges the parts into the restored `TrainState`
 checkpoint with parts restores wherever one without does (threads, the virtual clock, the SPMD
 trainers, a multi-process run) and a step of either kind starts the other.
 
-The holder's side is `record`, `write` and `check` (called in its own process); the saving
-process's side is a `Part` per holder, passed to `Checkpointer.save`.
+The holder's side is `recjax.checkpoint_holder` (`record`, `write`, `check`, called in its
+own process); the saving process's side is a `Part` per holder, passed to
+`Checkpointer.save`. This module imports nothing of recjax: `recjax.checkpoint` imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 
 PREFIX = "tables_"  # the items of a step that are parts: tables_0, tables_1, ...
 
@@ -110,46 +107,3 @@ def merge(state: Any, parts: list[dict], like: Any) -> Any:
         slots.update(p["slots"])
     return state._replace(tables={k: tables[k] for k in like.tables},
                           slots={k: slots[k] for k in like.slots})
-
-
-def record(part_tree: dict) -> tuple[list[list], list[str]]:
-    """``(integrity rows, names of non-finite leaves)`` of a holder's part tree."""
-    from recjax.checkpoint import array_specs, checksums
-    from recjax.train.contract import non_finite_leaves
-
-    rows = [[*spec, crc] for spec, crc in zip(array_specs(part_tree), checksums(part_tree))]
-    return rows, non_finite_leaves(part_tree)
-
-
-def write(directory: str, part_tree: dict) -> None:
-    """Write a holder's part tree as a standard orbax item into `directory` (its staging
-    directory, moved into the step by `PartHandler`)."""
-    from recjax.checkpoint import _orbax_quiet
-
-    shutil.rmtree(directory, ignore_errors=True)  # a retry after the holder was restarted
-    path = epath.Path(directory)
-    handler = ocp.StandardCheckpointHandler()
-    with _orbax_quiet():
-        handler.save(path, args=ocp.args.StandardSave(part_tree))
-        handler.finalize(path)
-    handler.close()
-
-
-def check(directory: str, like: dict, rows: list[list]) -> str | None:
-    """Read the part item in `directory` back (shapes of `like`, onto the CPU): None if its
-    sums match `rows`, else why."""
-    from recjax.checkpoint import _check_sums, _Damaged, _first_line, host_sums
-
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
-                            like)
-    handler = ocp.StandardCheckpointHandler()
-    try:
-        got = handler.restore(epath.Path(directory), args=ocp.args.StandardRestore(abstract))
-        _check_sums(rows, got, "the part's ", "crc32", host_sums)
-    except _Damaged as e:
-        return str(e)
-    except Exception as e:  # unreadable files
-        return f"an array file of {epath.Path(directory).name} cannot be read: {_first_line(e)}"
-    finally:
-        handler.close()
-    return None

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from recjax import checkpoint_parts
+from recjax import checkpoint_holder, checkpoint_parts
 from recjax.checkpoint import CheckpointCorruptError, Checkpointer
 from recjax.checkpoint_sharded import ShardedCheckpointer
 from recjax.train.step import TrainState
@@ -36,7 +36,7 @@ class LocalPart:
     def __init__(self, index: int, state: TrainState, names, fail_write: bool = False):
         self.item, self.names = f"tables_{index}", tuple(names)
         self.tree = checkpoint_parts.split(state, names)[1]
-        self.record, bad = checkpoint_parts.record(self.tree)
+        self.record, bad = checkpoint_holder.record(self.tree)
         assert not bad
         self.fail_write = fail_write
         self.written = []
@@ -47,12 +47,12 @@ class LocalPart:
         def wait():
             if self.fail_write:
                 raise OSError("the holder died mid-write")
-            checkpoint_parts.write(directory, self.tree)
+            checkpoint_holder.write(directory, self.tree)
 
         return wait
 
     def verify(self, directory):
-        return checkpoint_parts.check(directory, self.tree, self.record)
+        return checkpoint_holder.check(directory, self.tree, self.record)
 
 
 def _save(ck, state, groups, **kw):

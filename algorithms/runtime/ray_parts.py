@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from recjax import checkpoint_parts
+from recjax import checkpoint_holder, checkpoint_parts
 
 
 class PartHolder:
@@ -25,13 +25,13 @@ class PartHolder:
         return checkpoint_parts.tree(self.shard.tables, self.shard.slots)
 
     def part_record(self) -> tuple[list, list]:
-        return checkpoint_parts.record(self._tree())
+        return checkpoint_holder.record(self._tree())
 
     def write_part(self, directory: str) -> None:
-        checkpoint_parts.write(directory, self._tree())
+        checkpoint_holder.write(directory, self._tree())
 
     def check_part(self, directory: str, rows: list) -> str | None:
-        return checkpoint_parts.check(directory, self._tree(), rows)
+        return checkpoint_holder.check(directory, self._tree(), rows)
 
 
 @dataclasses.dataclass
