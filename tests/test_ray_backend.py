@@ -272,7 +272,8 @@ RUNNERS = {"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run
 @pytest.mark.parametrize("algo", ["async", "async-driver", "shadow", "fr", "gba", "persia"])
 def test_converges_as_on_threads(cluster, algo):
     """Each algorithm reaches the eval NE of its threaded runs on the teacher data: the mean of
-    two Ray runs within 0.04 NE of the mean of two threaded runs. One run is a noisy
+    two Ray runs at most 0.04 NE above the mean of two threaded runs (and not below the
+    Bayes-optimal NE). One run is a noisy
     measurement: the interleaving of Hogwild pushes (and ShadowSync's background syncs)
     differs run to run on either backend, and Ray's slower calls only change the
     interleaving. Measured spreads: two GBA runs 0.9717 and 0.9465; eight ShadowSync runs
@@ -291,8 +292,12 @@ def test_converges_as_on_threads(cluster, algo):
     want = (t["eval_ne"] + t2["eval_ne"]) / 2
     got = (r["eval_ne"] + r2["eval_ne"]) / 2
     ne = (r["eval_ne"], r2["eval_ne"], t["eval_ne"], t2["eval_ne"])
-    assert abs(got - want) < 0.04, ne
+    # one-sided: Ray no worse than threads (a threaded run that went astray under the suite's
+    # load, 1.026 beside Ray's 0.930 and 0.950 in one `make test-all`, is no Ray failure);
+    # and no better than the data allow (an eval that under-reports stays caught)
+    assert got - want < 0.04, ne
     assert got < 0.99, ne  # it learned (a constant predictor is 1.0)
+    assert got > r["bayes_eval_ne"] - 0.02, (ne, r["bayes_eval_ne"])  # no better than Bayes
     assert r["lost_roles"] == [] and r["ps_restarts"] == 0
     # the counters the threaded run reports are there and add up
     if algo == "async":
