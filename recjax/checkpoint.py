@@ -66,7 +66,7 @@ def _mute_closed_loop_echoes() -> None:
     """When a save fails, tensorstore's writes still in flight complete into the event loop
     orbax already closed, and each prints ``RuntimeError: Event loop is closed`` with a
     traceback (99 of them behind a full disk's one message), and asyncio logs orbax's failed
-    writer tasks as "Task exception was never retrieved". Those echoes, and only those (see
+    writer tasks as "Task (or Future) exception was never retrieved". Those echoes, and only those (see
     `_is_closed_loop_echo`), are not printed: the save's own error says what happened."""
     if getattr(sys.excepthook, "_recjax_mute", False):
         return
@@ -82,10 +82,12 @@ def _mute_closed_loop_echoes() -> None:
 
     excepthook._recjax_mute = True
     sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
-    # and asyncio's "Task exception was never retrieved" for orbax's own writer tasks: the
-    # save's exception already carries what failed
+    # and asyncio's "Task (or Future) exception was never retrieved" for orbax's own writer
+    # tasks and the futures that gather them (the latter seen once, a full disk under load):
+    # the save's exception already carries what failed
     logging.getLogger("asyncio").addFilter(
-        lambda r: not (r.getMessage().startswith("Task exception was never retrieved")
+        lambda r: not (r.getMessage().startswith(("Task exception was never retrieved",
+                                                  "Future exception was never retrieved"))
                        and "orbax" in r.getMessage()))
 
 
