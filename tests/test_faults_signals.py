@@ -108,6 +108,41 @@ def test_host_async_checkpoints_every_interval_and_resumes_bitwise(tmp_path):
     assert straight["resumed_from_step"] is None
 
 
+class _Killed(BaseException):
+    """A kill -9 stand-in: nothing after it runs."""
+
+
+@pytest.mark.parametrize("at", ["in", "after"])
+def test_a_kill_at_the_final_checkpoint_leaves_a_finished_or_resumable_run(tmp_path,
+                                                                          monkeypatch, at):
+    """CI's fault cycles: a host-async run killed after its final checkpoint and before its
+    summary.json could never be finished (a resume from a checkpoint at the run's end is
+    refused). The summary is now written first: a kill right after the final checkpoint
+    leaves a finished run, and a kill inside it leaves the checkpoint before, which --resume
+    continues to the uninterrupted run's final state, bit for bit."""
+    from recjax.train import contract
+
+    straight = algorithms.run(_shadow(tmp_path / "a"))
+    save = contract.save
+
+    def killed(ckpt, cfg, state, *a, **k):
+        if int(state.step) == 16:
+            if at == "after":
+                save(ckpt, cfg, state, *a, **k)
+            raise _Killed
+        return save(ckpt, cfg, state, *a, **k)
+
+    monkeypatch.setattr(contract, "save", killed)
+    with pytest.raises(_Killed):
+        algorithms.run(_shadow(tmp_path / "b"))
+    monkeypatch.undo()
+    assert (tmp_path / "b" / "summary.json").exists()
+    assert _steps(tmp_path / "b")[-1] == (16 if at == "after" else 12)
+    if at == "in":
+        resumed = algorithms.run(_shadow(tmp_path / "b", resume=True))
+        _same(resumed["final_state"], straight["final_state"])
+
+
 def test_ckpt_every_must_be_a_multiple_of_the_workers(tmp_path):
     with pytest.raises(ValueError, match="multiple of the 2 workers"):
         algorithms.run(_shadow(tmp_path, ckpt_every=3))

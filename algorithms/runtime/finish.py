@@ -151,9 +151,10 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
         rt.progress.early_stop = report.stopper.state()
     take_counts(rt)
     mine = own(rt)
-    if rt.ckpt is not None:  # tables that live in the PS's actors: each writes its own
-        saved, parts = _to_save(rt, state)
-        contract.save(rt.ckpt, cfg, saved, rt.progress, wall, mine, parts=parts)
+    # tables that live in the PS's actors: each writes its own (`_to_save`)
+    to_save = _to_save(rt, state) if rt.ckpt is not None else None
+    if to_save is not None and not at_end:
+        contract.save(rt.ckpt, cfg, to_save[0], rt.progress, wall, mine, parts=to_save[1])
     if not at_end:
         report.boundary(step, sched.seconds, ev, extra)
         if rt.periodic and step < (tc.stop_after or rt.run_steps):  # the run goes on from here
@@ -166,7 +167,8 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
         extra = {"lru": rt.ps.lru_counters(), **extra}
     extra = {"backend": rt.placement.name, "lost_roles": sched.lost, **extra}
     extra.update(rt.placement.fault_counters())
-    rt.close()
+    if to_save is not None:  # nothing of the end is written for a state that cannot be saved
+        contract.refuse_non_finite(rt.ckpt, to_save[0], mine)
     summary = contract.build_summary(
         cfg, rt.data, state, rt.progress, ev, start_step=rt.run_start,
         wall_seconds=rt.progress.wall_seconds + wall, train_seconds=rt.progress.train_seconds,
@@ -175,6 +177,14 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
                **(report.stopper.summary() if report.stopper is not None else {})})
     report.final(step, sched.seconds, None if report.early is not None else ev, extra)
     contract.write_summary(cfg, summary, preds)
+    # the final checkpoint after the summary: a kill in between leaves the one before, which a
+    # --resume continues to the end (a resume from a checkpoint at the run's end is refused,
+    # so the other order left a run killed there without a summary, for good)
+    try:
+        if to_save is not None:
+            contract.save(rt.ckpt, cfg, to_save[0], rt.progress, wall, mine, parts=to_save[1])
+    finally:
+        rt.close()
     return summary | {"final_state": state, "schedule": sched}
 
 

@@ -344,6 +344,15 @@ def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
         infinite: nothing non-finite is checkpointed (the loss can stay finite while an
         optimizer slot overflows).
     """
+    refuse_non_finite(ckpt, state, extra)
+    ckpt.save(int(state.step), state, {"config": cfg.to_dict(),
+                                       "progress": progress.as_dict(wall_now), **meta},
+              extra, **({"parts": parts} if parts else {}))
+
+
+def refuse_non_finite(ckpt: Checkpointer, state: TrainState, extra: Any = None) -> None:
+    """`DivergedError` if a leaf of `state` (or `extra`) is NaN or infinite (`save`'s check,
+    for a caller that must know before it writes anything else of the run's end)."""
     step = int(state.step)
     if bad := non_finite_leaves(state) + (non_finite_leaves(extra) if extra is not None else []):
         last = ckpt.latest_step()
@@ -354,8 +363,6 @@ def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
             + (f"The last good checkpoint is step {last} in {ckpt.directory}. " if last is not None
                else "No checkpoint was written before it. ")
             + "Lower the learning rates (--dense.lr, --sparse.lr) or add --dense.clip_norm")
-    ckpt.save(step, state, {"config": cfg.to_dict(), "progress": progress.as_dict(wall_now),
-                            **meta}, extra, **({"parts": parts} if parts else {}))
 
 
 def restore_extra(ckpt: Checkpointer | None, step: int, like: Any, who: str) -> Any:
