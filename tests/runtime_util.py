@@ -70,3 +70,15 @@ def assert_trees(a, b, rtol=0.0, atol=0.0):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         else:
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+def on_ray(cfg, **ray_fields):
+    """`cfg` on the Ray backend (threads' timing: not deterministic)."""
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, deterministic=False),
+        runtime=dataclasses.replace(cfg.runtime, backend="ray"),
+        ray=dataclasses.replace(cfg.ray, **ray_fields))
+
+
+def on_threads(cfg):
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=False))

@@ -24,19 +24,14 @@ from algorithms import async_ps, gba, persia, shadowsync  # noqa: E402
 from algorithms.runtime import ray_backend, ray_ps, ray_wire, ray_workers  # noqa: E402
 from recjax.checkpoint import Checkpointer  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
-from tests.runtime_util import assert_trees, reference, small_cfg, worker_batches  # noqa: E402
-
-
-def on_ray(cfg, **ray_fields):
-    """`cfg` on the Ray backend (threads' timing: not deterministic)."""
-    return dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, deterministic=False),
-        runtime=dataclasses.replace(cfg.runtime, backend="ray"),
-        ray=dataclasses.replace(cfg.ray, **ray_fields))
-
-
-def on_threads(cfg):
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=False))
+from tests.runtime_util import (  # noqa: E402
+    assert_trees,
+    on_ray,
+    on_threads,
+    reference,
+    small_cfg,
+    worker_batches,
+)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +67,6 @@ class _XlaThreads:
     """An actor body reporting the XLA threads its process runs a computation on."""
 
     def count(self) -> int:
-        import jax
         import jax.numpy as jnp
 
         jax.jit(lambda x: x @ x)(jnp.ones((64, 64))).block_until_ready()
@@ -211,50 +205,6 @@ def test_shards_draw_their_own_tables(cluster, monkeypatch, init, by_id):
         assert_trees(rt_r.ps.snapshot(), want, rtol=0, atol=0)
     finally:
         rt_r.close()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("roles", ["driver", "actors"])
-def test_evaluation_pulls_rows_and_the_driver_gathers_no_table(cluster, monkeypatch, roles,
-                                                                 tmp_path):
-    """Issue 38's memory: under Ray evaluation pulls each eval batch's rows from the shard
-    actors (as the workers do) instead of gathering every table into the driver, and with
-    ``ray.final_tables`` false (what scripts/train.py sets) the driver gathers none at all,
-    its checkpoints included (each shard actor writes its part, recjax/checkpoint_parts.py).
-    The pulled-row eval equals the single trainer's predict on the whole final tables; the
-    run without gathering (the PS's snapshot made to fail) has the same trajectory and eval."""
-    from recjax.train import contract
-    from recjax.train.data import open_data
-    from recjax.train.setup import build
-    from recjax.train.step import jit_predict
-
-    base = small_cfg("async", steps=12, sparse=("adagrad", 0.05), trainers=1,
-                     workers_per_trainer=1)
-    base = dataclasses.replace(base, train=dataclasses.replace(base.train, eval_every=6))
-    gathered = async_ps.run(on_ray(base, roles=roles))
-    data = open_data(base)
-    model = build(base, data.spec, tables=False)[0]
-    st = gathered["final_state"]
-    want, _ = contract.evaluate(base, data, jit_predict(model), st.params, st.tables)
-    for k in ("auc", "logloss", "ne"):
-        assert gathered[f"eval_{k}"] == want[k], k
-
-    def no_gather(self):
-        raise AssertionError("the driver gathered the tables")
-
-    monkeypatch.setattr(ray_ps.RayEmbeddingPS, "snapshot", no_gather)
-    out = tmp_path / "run"  # and its checkpoints: each shard actor writes its own tables
-    kept = async_ps.run(on_ray(dataclasses.replace(base, train=dataclasses.replace(
-        base.train, out=str(out), ckpt_every=6)), roles=roles, final_tables=False))
-    assert kept["final_state"].tables == {} and int(kept["final_state"].step) == 12
-    assert_trees(kept["final_state"].params, st.params)
-    for k in ("auc", "logloss", "ne"):
-        assert kept[f"eval_{k}"] == gathered[f"eval_{k}"], k
-    ck = Checkpointer(str(out / "checkpoints"))
-    assert ck.all_steps() == [6, 12]
-    assert [p["item"] for p in ck.meta(12)["integrity"]["parts"]] == ["tables_0", "tables_1"]
-    saved, _ = ck.restore(jax.tree.map(np.asarray, st))
-    assert_trees(saved, st)  # the checkpoint, read on one process, is the gathered state
 
 
 CONVERGE = {  # algorithm -> (config keywords); the tolerance is in the test
