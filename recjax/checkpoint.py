@@ -513,9 +513,7 @@ def _integrity_record(integrity: Any) -> list[list] | None:
         return None
     record = integrity.get("arrays") if isinstance(integrity, dict) else None
     if (not isinstance(integrity, dict) or integrity.get("checksum") not in CHECKSUMS
-            or not isinstance(record, list)
-            or not all(isinstance(r, list) and len(r) == 4 and isinstance(r[3], str)
-                       for r in record)):
+            or not _rows(record)):
         raise _Damaged("its integrity record is malformed (damaged or edited)")
     return record
 
@@ -526,11 +524,15 @@ def _parts_record(integrity: dict) -> list[dict]:
     if not isinstance(parts, list) or not all(
             isinstance(p, dict) and isinstance(p.get("item"), str)
             and p["item"].startswith(checkpoint_parts.PREFIX)
-            and isinstance(p.get("names"), list) and isinstance(p.get("arrays"), list)
-            and all(isinstance(r, list) and len(r) == 4 and isinstance(r[3], str)
-                    for r in p["arrays"]) for p in parts):
+            and isinstance(p.get("names"), list) and _rows(p.get("arrays")) for p in parts):
         raise _Damaged("its integrity record is malformed (damaged or edited)")
     return parts
+
+
+def _rows(record: Any) -> bool:
+    """`record` has the form of an integrity record's rows: ``[path, shape, dtype, sum]``."""
+    return isinstance(record, list) and all(
+        isinstance(r, list) and len(r) == 4 and isinstance(r[3], str) for r in record)
 
 
 def _check_sums(record: list[list], tree: Any, what: str = "", kind: str = "crc32",
