@@ -211,9 +211,10 @@ class RayConfig:
         chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.
       final_tables: the run's returned ``final_state`` holds every table, gathered from the
         shard actors into the driver at the end (what `algorithms.run` and `recjax.api`
-        callers read). False: the driver holds no table at the end unless it writes a
-        checkpoint or out/best (evaluation pulls each batch's rows from the shards, as the
-        workers do); the returned state's tables are empty. ``scripts/train.py`` sets it
+        callers read). False: the driver holds no table at the end (evaluation pulls each
+        batch's rows from the shards, as the workers do; each shard writes its own tables
+        into a checkpoint) unless it writes out/best or the store is LRU; the returned
+        state's tables are empty. ``scripts/train.py`` sets it
         false: it prints the summary and never reads the state.
     """
 

@@ -435,8 +435,8 @@ def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[
 
 def bench_memory(roles: tuple, workers: int = 2, steps: int = 8) -> dict:
     """Measurement 8 (``--memory``): the driver's peak resident memory in a dlrm_kaggle async
-    run from the CLI, for each ``--ray.roles``, without and with ``--out`` (its checkpoint
-    gathers every table into the driver), and each of its Ray processes' peak (sampled every
+    run from the CLI, for each ``--ray.roles``, without and with ``--out`` (a checkpoint,
+    which the shard actors write their tables into), and each of its Ray processes' peak (sampled every
     0.1 s with psutil, the driver's own read from its VmHWM); one subprocess per run."""
     import subprocess
     import tempfile
@@ -463,7 +463,7 @@ def bench_memory(roles: tuple, workers: int = 2, steps: int = 8) -> dict:
             hwm = int(hwm_file.read_text()) if hwm_file.exists() else 0
         if proc.returncode or not hwm:
             raise RuntimeError(f"the --ray.roles {ro} run failed (exit {proc.returncode})")
-        key = ro + (" --out" if ckpt else "")  # a checkpoint still gathers every table
+        key = ro + (" --out" if ckpt else "")
         out[key] = {"driver_peak_mib": hwm / 1024,
                     "children_peak_mib": {k: v / 2**20 for k, v in sorted(peaks.items())}}
         print(f"  --ray.roles {key}: driver peak {hwm / 1024:.0f} MiB; "
