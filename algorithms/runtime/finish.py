@@ -182,7 +182,8 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     # so the other order left a run killed there without a summary, for good)
     try:
         if to_save is not None:
-            contract.save(rt.ckpt, cfg, to_save[0], rt.progress, wall, mine, parts=to_save[1])
+            contract.save(rt.ckpt, cfg, to_save[0], rt.progress, wall, mine, parts=to_save[1],
+                          checked=True)
     finally:
         rt.close()
     return summary | {"final_state": state, "schedule": sched}

@@ -335,16 +335,19 @@ def non_finite_leaves(state: Any) -> list[str]:
 
 
 def save(ckpt: Checkpointer, cfg: Config, state: TrainState, progress: Progress,
-         wall_now: float, extra: Any = None, *, parts: Sequence = (), **meta: Any) -> None:
+         wall_now: float, extra: Any = None, *, parts: Sequence = (), checked: bool = False,
+         **meta: Any) -> None:
     """Checkpoint `state` at its step with the config and the run's progress (and `extra`,
     the algorithm's own arrays; `parts`, tables other processes write: `Checkpointer.save`).
+    `checked`: the caller ran `refuse_non_finite` on them already.
 
     Raises:
       DivergedError: a leaf of the state (parameters, optimizer slots, tables) is NaN or
         infinite: nothing non-finite is checkpointed (the loss can stay finite while an
         optimizer slot overflows).
     """
-    refuse_non_finite(ckpt, state, extra)
+    if not checked:
+        refuse_non_finite(ckpt, state, extra)
     ckpt.save(int(state.step), state, {"config": cfg.to_dict(),
                                        "progress": progress.as_dict(wall_now), **meta},
               extra, **({"parts": parts} if parts else {}))
