@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import logging
 import os
 import shutil
 import signal
-import sys
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
@@ -47,62 +45,12 @@ from absl import logging as absl_logging
 
 from recjax import checkpoint_parts
 from recjax.checkpoint_parts import Part
+from recjax.checkpoint_quiet import orbax_quiet as _orbax_quiet
 from recjax.checksum import KIND as wsum32_kind
 from recjax.checksum import wsum32
 
 # orbax logs every save through absl at WARNING/INFO; a progress bar is what users watch.
 absl_logging.set_verbosity(absl_logging.ERROR)
-
-
-def _is_closed_loop_echo(exc: BaseException | None, tb=None) -> bool:
-    """A ``RuntimeError: Event loop is closed`` raised by asyncio's ``call_soon_threadsafe``
-    called from outside Python (its traceback starts there), nothing else."""
-    tb = tb if tb is not None else getattr(exc, "__traceback__", None)
-    return (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
-
-
-def _mute_closed_loop_echoes() -> None:
-    """When a save fails, tensorstore's writes still in flight complete into the event loop
-    orbax already closed, and each prints ``RuntimeError: Event loop is closed`` with a
-    traceback (99 of them behind a full disk's one message), and asyncio logs orbax's failed
-    writer tasks as "Task (or Future) exception was never retrieved". Those echoes, and only those (see
-    `_is_closed_loop_echo`), are not printed: the save's own error says what happened."""
-    if getattr(sys.excepthook, "_recjax_mute", False):
-        return
-    hook, unraisable = sys.excepthook, sys.unraisablehook
-
-    def excepthook(kind, value, tb):
-        if not _is_closed_loop_echo(value, tb):
-            hook(kind, value, tb)
-
-    def unraisablehook(info):
-        if not _is_closed_loop_echo(info.exc_value, info.exc_traceback):
-            unraisable(info)
-
-    excepthook._recjax_mute = True
-    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
-    # and asyncio's "Task (or Future) exception was never retrieved" for orbax's own writer
-    # tasks and the futures that gather them (the latter seen once, a full disk under load):
-    # the save's exception already carries what failed
-    logging.getLogger("asyncio").addFilter(
-        lambda r: not (r.getMessage().startswith(("Task exception was never retrieved",
-                                                  "Future exception was never retrieved"))
-                       and "orbax" in r.getMessage()))
-
-
-@contextlib.contextmanager
-def _orbax_quiet() -> Iterator[None]:
-    """orbax's writer threads log every failed write as an ERROR with a traceback (a full disk:
-    ~140 lines before the run's own message); the save's exception carries the first of them
-    and `Checkpointer.save` turns it into one line, so nothing is logged meanwhile."""
-    _mute_closed_loop_echoes()  # a failing write echoes while the save still runs
-    level = absl_logging.get_verbosity()
-    absl_logging.set_verbosity(absl_logging.FATAL)
-    try:
-        yield
-    finally:
-        absl_logging.set_verbosity(level)
 
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's mark of a step directory not (or no longer) committed

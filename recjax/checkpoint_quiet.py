@@ -1,0 +1,62 @@
+"""Quiet orbax: its log lines and asyncio's echoes of a failed save, which the save's own
+one-line error already says (`recjax.checkpoint`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+
+from absl import logging as absl_logging
+
+
+def is_closed_loop_echo(exc: BaseException | None, tb=None) -> bool:
+    """A ``RuntimeError: Event loop is closed`` raised by asyncio's ``call_soon_threadsafe``
+    called from outside Python (its traceback starts there), nothing else."""
+    tb = tb if tb is not None else getattr(exc, "__traceback__", None)
+    return (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+            and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
+
+
+def mute_closed_loop_echoes() -> None:
+    """When a save fails, tensorstore's writes still in flight complete into the event loop
+    orbax already closed, and each prints ``RuntimeError: Event loop is closed`` with a
+    traceback (99 of them behind a full disk's one message), and asyncio logs orbax's failed
+    writer tasks as "Task (or Future) exception was never retrieved". Those echoes, and only those (see
+    `is_closed_loop_echo`), are not printed: the save's own error says what happened."""
+    if getattr(sys.excepthook, "_recjax_mute", False):
+        return
+    hook, unraisable = sys.excepthook, sys.unraisablehook
+
+    def excepthook(kind, value, tb):
+        if not is_closed_loop_echo(value, tb):
+            hook(kind, value, tb)
+
+    def unraisablehook(info):
+        if not is_closed_loop_echo(info.exc_value, info.exc_traceback):
+            unraisable(info)
+
+    excepthook._recjax_mute = True
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+    # and asyncio's "Task (or Future) exception was never retrieved" for orbax's own writer
+    # tasks and the futures that gather them (the latter seen once, a full disk under load):
+    # the save's exception already carries what failed
+    logging.getLogger("asyncio").addFilter(
+        lambda r: not (r.getMessage().startswith(("Task exception was never retrieved",
+                                                  "Future exception was never retrieved"))
+                       and "orbax" in r.getMessage()))
+
+
+@contextlib.contextmanager
+def orbax_quiet() -> Iterator[None]:
+    """orbax's writer threads log every failed write as an ERROR with a traceback (a full disk:
+    ~140 lines before the run's own message); the save's exception carries the first of them
+    and `Checkpointer.save` turns it into one line, so nothing is logged meanwhile."""
+    mute_closed_loop_echoes()  # a failing write echoes while the save still runs
+    level = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.FATAL)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(level)
