@@ -29,6 +29,7 @@ async switch is such a hand-over).
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import shutil
@@ -44,7 +45,7 @@ import orbax.checkpoint as ocp
 from absl import logging as absl_logging
 
 from recjax import checkpoint_parts
-from recjax.checkpoint_parts import Part
+from recjax.checkpoint_parts import Loader, Part, array_specs
 from recjax.checkpoint_quiet import orbax_quiet as _orbax_quiet
 from recjax.checksum import KIND as wsum32_kind
 from recjax.checksum import wsum32
@@ -70,12 +71,6 @@ def _first_line(e: BaseException) -> str:
     while e.__cause__ is not None:
         e = e.__cause__
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
-def array_specs(tree: Any) -> list[list]:
-    """``[path, shape, dtype]`` of every array of `tree`, in leaf order."""
-    return [[jax.tree_util.keystr(path), list(x.shape), str(x.dtype)]
-            for path, x in jax.tree_util.tree_leaves_with_path(tree)]
 
 
 def checksums(tree: Any) -> list[str]:
@@ -233,19 +228,26 @@ class Checkpointer:
                           f"part's holder failed: {_first_line(errors[0])}") from errors[0]
         return dirs
 
-    def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict]:
+    def restore(self, like: Any, step: int | None = None,
+                loader: Loader | None = None) -> tuple[Any, dict]:
         """Restore the state at `step` with the structure/shapes of `like`, checking its CRCs.
 
         Without `step`, the newest intact checkpoint: a damaged one is skipped with a message
         naming its step and why, and the one before it is tried.
+
+        `loader`: holders that read the tables themselves (`recjax.checkpoint_parts.Loader`,
+        every table of `like`); the state returned lacks them (its ``tables`` and ``slots``
+        are empty). A step whose tables are in no per-table checksum this process can route
+        (written before checksums, or by several processes) is read here whole instead.
 
         Raises:
           FileNotFoundError: no checkpoint in the directory.
           ValueError: the checkpoint's arrays do not match `like` (another model or data schema).
           CheckpointCorruptError: `step`, or (without `step`) every checkpoint, is damaged.
         """
+        read = functools.partial(self._read, loader=loader)
         if step is not None:
-            return self._or_corrupt(step, self._read, like)
+            return self._or_corrupt(step, read, like)
         steps = self.all_steps()[::-1]
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}; nothing to resume "
@@ -253,7 +255,7 @@ class Checkpointer:
         skipped = []
         for s in steps:
             try:
-                return self._read(s, like)
+                return read(s, like)
             except _Damaged as e:
                 self._bad[s] = str(e)
                 skipped.append(f"step {s}: {e}")
@@ -335,10 +337,11 @@ class Checkpointer:
         _check_sums(record, extra, "the algorithm state's ", integrity.get("checksum"), self._sums)
         return extra
 
-    def _read(self, step: int, like: Any, host: bool = False,
-              read_parts: bool = True) -> tuple[Any, dict]:
+    def _read(self, step: int, like: Any, host: bool = False, read_parts: bool = True,
+              loader: Loader | None = None) -> tuple[Any, dict]:
         """The verified ``(state, meta)`` of `step`, onto the CPU with `host`; its parts
-        (`save`) read and merged in, or (not `read_parts`: their holders check them) left out.
+        (`save`) read and merged in, or (not `read_parts`: their holders check them) left out;
+        with `loader` (`restore`) every table left to it.
 
         Raises:
           ValueError: another model or data schema; _Damaged: unreadable or wrong bytes.
@@ -354,6 +357,17 @@ class Checkpointer:
                            "verified; a checkpoint of a recjax version before checksums resumes "
                            "with --train.unverified_resume=true")
         parts = _parts_record(integrity) if record is not None else []
+        partial, sources = False, None
+        if loader is not None and kind == "crc32":  # (wsum32: padded tables, read here)
+            if set(loader.names) != set(like.tables):
+                raise ValueError(f"a loader takes every table; {sorted(loader.names)} is not "
+                                 f"{sorted(like.tables)}")
+            try:
+                like, record, partial, sources = checkpoint_parts.locate(
+                    like, loader.names, record, parts, os.path.join(self.directory, str(step)))
+            except KeyError as e:
+                raise ValueError(self._mismatch(step, e.args[0])) from None
+            parts = []  # the loader's
         full, subs = like, []
         for p in parts:  # the tables other processes wrote (`recjax.checkpoint_parts`)
             like, sub = checkpoint_parts.split(like, p["names"])
@@ -368,8 +382,10 @@ class Checkpointer:
                         raise ValueError(self._mismatch(step, f"{p['item']}: " + _spec_diff(
                             [r[:3] for r in p["arrays"]], array_specs(sub))))
         try:
-            state = self._restore_item(step, "state", self._abstract(like, host),
-                                       strict=record is None)
+            state = (checkpoint_parts.read_rest(os.path.join(self.directory, str(step), "state"),
+                                                self._abstract(like, host)) if partial else
+                     self._restore_item(step, "state", self._abstract(like, host),
+                                        strict=record is None))
             got = [self._restore_item(step, p["item"], self._abstract(sub, host))
                    for p, sub in zip(parts, subs)] if read_parts else []
         except Exception as e:
@@ -383,6 +399,8 @@ class Checkpointer:
                 _check_sums(p["arrays"], tree, f"{p['item']}: ", kind=kind, sums=self._sums)
         if parts and read_parts:
             state = checkpoint_parts.merge(state, got, full)
+        if sources is not None and (why := loader.load(sources)) is not None:
+            raise _Damaged(why)
         self._good.add(step)
         return state, meta
 

@@ -1,6 +1,7 @@
 """The holder's side of checkpoint parts (`recjax.checkpoint_parts`), run in the process that
 holds the tables (a Ray shard actor): the part's integrity rows, its write into the staging
-directory, and its read-back for the check of a save.
+directory, its read-back for the check of a save, and the read of its tables for a restore
+(`load`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from recjax.checkpoint import (
     checksums,
     host_sums,
 )
+from recjax.checkpoint_parts import Source, restore_arg
 from recjax.train.contract import non_finite_leaves
 
 
@@ -58,3 +60,36 @@ def check(directory: str, like: dict, rows: list[list]) -> str | None:
     finally:
         handler.close()
     return None
+
+
+def load(sources: list[Source]) -> tuple[dict, dict]:
+    """``(tables, slots)`` read from `sources` (`recjax.checkpoint_parts.locate`) onto the host,
+    each array checked against its row's CRC-32.
+
+    Raises:
+      _Damaged: an array's bytes differ from its row, or its files cannot be read.
+    """
+    tables, slots = {}, {}
+    for src in sources:
+        like = src.like
+        # orbax's partial restore takes no empty node: a table's () slots are `like`'s own
+        item = {k: {n: v for n, v in like[k].items() if jax.tree.leaves(v)} for k in like}
+        item = {k: v for k, v in item.items() if v}
+        name = epath.Path(src.directory).name
+        handler = ocp.PyTreeCheckpointHandler()
+        try:
+            got = handler.restore(epath.Path(src.directory), args=ocp.args.PyTreeRestore(
+                item, restore_args=jax.tree.map(restore_arg, item), partial_restore=True))
+        except Exception as e:
+            raise _Damaged(f"an array file of {name} cannot be read: {_first_line(e)}") from e
+        finally:
+            handler.close()
+        got = {k: {**like[k], **got.get(k, {})} for k in like}
+        bad = [p for (p, _, _), crc in zip(array_specs(got), checksums(got))
+               if src.rows[p][3] != crc]
+        if bad:
+            raise _Damaged(f"checksum mismatch in {name}: {bad[0]}"
+                           + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+        tables.update(got["tables"])
+        slots.update(got["slots"])
+    return tables, slots

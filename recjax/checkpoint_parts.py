@@ -23,16 +23,26 @@ trainers, a multi-process run) and a step of either kind starts the other.
 The holder's side is `recjax.checkpoint_holder` (`record`, `write`, `check`, called in its
 own process); the saving process's side is a `Part` per holder, passed to
 `Checkpointer.save`. This module imports nothing of recjax: `recjax.checkpoint` imports it.
+
+The other way, a restore can leave the tables to their holders as well: `Checkpointer.restore`
+with a `Loader` reads and checks every array but the tables, and has each holder read its own
+tables (with their slots) from wherever the step keeps them (`locate`: a part, whatever its
+holder was, or the ``state`` item of a checkpoint saved whole) and check them against the
+step's record. A holder that finds damage fails the step as a bad CRC does, and an older step
+is tried.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 PREFIX = "tables_"  # the items of a step that are parts: tables_0, tables_1, ...
 
@@ -107,3 +117,111 @@ def merge(state: Any, parts: list[dict], like: Any) -> Any:
         slots.update(p["slots"])
     return state._replace(tables={k: tables[k] for k in like.tables},
                           slots={k: slots[k] for k in like.slots})
+
+
+def array_specs(tree: Any) -> list[list]:
+    """``[path, shape, dtype]`` of every array of `tree`, in leaf order (the first three
+    columns of an integrity record's rows)."""
+    return [[jax.tree_util.keystr(path), list(x.shape), str(x.dtype)]
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Some tables of a step as a holder reads them (`Loader`): the item's directory, the
+    part tree of those tables and their slots as shapes and dtypes (`tree` form), and their
+    integrity rows by path in that form."""
+
+    directory: str
+    like: dict
+    rows: dict[str, list]
+
+
+class Loader(Protocol):
+    """Holders that read their own tables of a step (`Checkpointer.restore`'s ``loader``), so
+    the restoring process reads none (e.g. ``ray_parts.ShardLoader``: the Ray PS shards).
+
+    Attributes:
+      names: the tables the holders take, with their slots: every table of the state.
+    """
+
+    names: tuple[str, ...]
+
+    def load(self, sources: Callable[[Sequence[str]], list[Source]]) -> str | None:
+        """Have each holder read its tables from ``sources(its table names)`` and check them
+        (`recjax.checkpoint_holder.load`); None if every one matched, else why not: the
+        step is then damaged, and the holders read an older one next."""
+
+
+def _part_path(path: str) -> str:
+    """A state record's path of a table or its slots (``.tables['a']``) in `tree` form
+    (``['tables']['a']``)."""
+    field, _, rest = path[1:].partition("[")
+    return f"['{field}'][{rest}"
+
+
+def locate(like: Any, names, state_rows: list[list], parts: list[dict], step_dir: str):
+    """Where a step keeps the tables `names` of the `TrainState`-shaped `like` and their slots:
+    ``(like without them, the state item's rows without them, whether the state item holds
+    some of them, sources)``, where ``sources(some names)`` is the `Source` list a holder of
+    those tables reads.
+
+    Raises:
+      KeyError: naming a table (or slot) whose arrays the step lacks or has in another
+        shape or dtype (the caller's mismatch: another model or data schema).
+    """
+    rest, held = split(like, names)
+    where: dict[str, tuple[str, list]] = {}  # tree path -> (item, its integrity row)
+    kept = []
+    for r in state_rows:
+        if r[0].startswith((".tables[", ".slots[")):
+            where[_part_path(r[0])] = ("state", r)
+        else:
+            kept.append(r)
+    for p in parts:
+        where.update({r[0]: (p["item"], r) for r in p["arrays"]})
+    for path, shape, dtype in array_specs(held):
+        if path not in where or where[path][1][1:3] != [shape, dtype]:
+            saved = where.get(path, (None, [path, "missing", ""]))[1]
+            raise KeyError(f"{path}: checkpoint {saved[2]}{saved[1]}, this run {dtype}{shape}")
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), held)
+
+    def pick(some) -> dict:
+        return tree({n: shapes["tables"][n] for n in some}, {n: shapes["slots"][n] for n in some})
+
+    def sources(some) -> list[Source]:
+        by_item: dict[str, list] = {}
+        for n in some:  # a table's slots are in its table's item
+            path = jax.tree_util.keystr((jax.tree_util.DictKey("tables"), jax.tree_util.DictKey(n)))
+            by_item.setdefault(where[path][0], []).append(n)
+        out = []
+        for item, group in by_item.items():
+            sub = pick(group)
+            out.append(Source(os.path.join(step_dir, item), sub,
+                              {p: where[p][1] for p, _, _ in array_specs(sub)}))
+        return out
+
+    return rest, kept, len(kept) < len(state_rows), sources
+
+
+def read_rest(directory: str, like: Any) -> Any:
+    """The state item in `directory` read to `like` (a `TrainState` without some tables): every
+    array but those tables, by orbax's partial restore (`locate`: a checkpoint saved whole
+    whose tables their holders read)."""
+    fields = {f: v for f in like._fields if jax.tree.leaves(v := getattr(like, f))}
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        got = handler.restore(epath.Path(directory), args=ocp.args.PyTreeRestore(
+            fields, restore_args=jax.tree.map(restore_arg, fields), partial_restore=True))
+    finally:
+        handler.close()
+    return like._replace(**got)
+
+
+def restore_arg(x: Any) -> ocp.RestoreArgs:
+    """How orbax restores a leaf shaped as `x`: a jax array where `x` has a sharding, else a
+    numpy array (a 64-bit leaf, or a holder's host copy)."""
+    sharding = getattr(x, "sharding", None)
+    if sharding is not None:
+        return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape, dtype=x.dtype)
+    return ocp.RestoreArgs(restore_type=np.ndarray, dtype=x.dtype)

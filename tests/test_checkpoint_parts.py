@@ -163,3 +163,145 @@ def test_a_sharded_reader_reads_parts_onto_its_mesh(tmp_path):
     mesh = make_mesh({"data": 8, "model": 1})
     got, _ = ShardedCheckpointer(str(tmp_path / "ck"), mesh).restore(jax.tree.map(np.asarray, s))
     _same(got, s)
+
+
+# -- a restore whose tables their holders read (`Checkpointer.restore(loader=)`) -------------
+
+class LocalLoader:
+    """Holders of the tables `groups` in this process, each reading its own tables of a step
+    with the holder's side (`checkpoint_holder.load`), as a Ray shard actor does."""
+
+    def __init__(self, groups):
+        self.groups = [tuple(g) for g in groups]
+        self.names = tuple(n for g in self.groups for n in g)
+        self.held = [None] * len(self.groups)
+        self.read = []  # the item directories each load read
+
+    def load(self, sources):
+        for i, g in enumerate(self.groups):
+            srcs = sources(g)
+            self.read.append(sorted(pathlib.Path(s.directory).name for s in srcs))
+            try:
+                self.held[i] = checkpoint_holder.load(srcs)
+            except Exception as e:  # the actor's answer: why, in words
+                return f"holder {i}: {e}"
+        return None
+
+    def tables(self):
+        """``(tables, slots)`` the holders hold, merged."""
+        t, s = {}, {}
+        for tables, slots in self.held:
+            t.update(tables)
+            s.update(slots)
+        return t, s
+
+
+def _spied(monkeypatch):
+    """The arrays this process reads: `Checkpointer._restore_item`'s items and `read_rest`'s
+    abstract trees, recorded."""
+    from recjax import checkpoint as ck_mod
+
+    seen = []
+    item, rest = Checkpointer._restore_item, checkpoint_parts.read_rest
+
+    def restore_item(self, step, name, abstract, strict=True):
+        seen.append((name, abstract))
+        return item(self, step, name, abstract, strict)
+
+    def read_rest(directory, like):
+        seen.append(("state(partial)", like))
+        return rest(directory, like)
+
+    monkeypatch.setattr(Checkpointer, "_restore_item", restore_item)
+    monkeypatch.setattr(ck_mod.checkpoint_parts, "read_rest", read_rest)
+    return seen
+
+
+def _expect_loaded(got, loader, s):
+    """`got` is `s` without tables; the loader's holders hold `s`'s tables and slots."""
+    _same(got, s._replace(tables={}, slots={}))
+    tables, slots = loader.tables()
+    _same({k: tables[k] for k in s.tables}, s.tables)
+    _same({k: slots[k] for k in s.slots}, s.slots)
+
+
+@pytest.mark.parametrize("saved", ["parts", "whole"])
+def test_holders_read_their_own_tables_and_this_process_none(tmp_path, monkeypatch, saved):
+    """Parts written by one grouping of holders, or a checkpoint saved whole (a threads run),
+    read by holders grouped otherwise: each gets its tables bit for bit from the item that has
+    them; this process reads every other array and no table."""
+    s = _state(6)
+    ck = Checkpointer(str(tmp_path / "ck"))
+    if saved == "parts":
+        _save(ck, s, GROUPS)
+    else:
+        ck.save(6, s, {"note": 6})
+    seen = _spied(monkeypatch)
+    loader = LocalLoader([("emb/c", "emb/a"), ("emb/b",)])
+    got, meta = Checkpointer(str(tmp_path / "ck")).restore(jax.tree.map(np.asarray, s),
+                                                           loader=loader)
+    assert meta["note"] == 6
+    _expect_loaded(got, loader, s)
+    assert [name for name, _ in seen] == (["state"] if saved == "parts" else ["state(partial)"])
+    assert all(not like.tables and not like.slots for _, like in seen)  # no table read here
+    assert loader.read == ([["tables_0", "tables_1"], ["tables_1"]] if saved == "parts"
+                           else [["state"], ["state"]])
+
+
+@pytest.mark.parametrize("saved", ["parts", "whole"])
+def test_a_table_a_holder_finds_damaged_fails_the_step(tmp_path, capsys, saved):
+    """A holder's read that fails its CRC (bytes flipped in a table's files) skips the step
+    as a bad CRC here does; the holders then read the step before."""
+    ck = Checkpointer(str(tmp_path / "ck"), max_to_keep=3)
+    for seed in (1, 2):
+        if saved == "parts":
+            _save(ck, _state(seed), GROUPS)
+        else:
+            ck.save(seed, _state(seed), {})
+    item = "tables_1" if saved == "parts" else "state"
+    files = [p for p in (tmp_path / "ck" / "2" / item).rglob("*")
+             if p.is_file() and p.stat().st_size > 1024]
+    assert files
+    for f in files:
+        raw = bytearray(f.read_bytes())
+        mid = len(raw) // 2
+        raw[mid:mid + 16] = bytes(b ^ 0xFF for b in raw[mid:mid + 16])
+        f.write_bytes(bytes(raw))
+    loader = LocalLoader(GROUPS)
+    got, _ = Checkpointer(str(tmp_path / "ck")).restore(jax.tree.map(np.asarray, _state(2)),
+                                                        loader=loader)
+    assert "skipped damaged checkpoint step 2" in capsys.readouterr().out
+    _expect_loaded(got, loader, _state(1))
+
+
+def test_a_table_of_another_shape_is_a_mismatch_not_damage(tmp_path):
+    s = _state(3)
+    ck = Checkpointer(str(tmp_path / "ck"))
+    ck.save(3, s, {})
+    other = s._replace(tables={**s.tables, "emb/c": np.zeros((65, 4), np.float32)})
+    with pytest.raises(ValueError, match=r"\['tables'\]\['emb/c'\]: checkpoint float32\[64, 4\]"):
+        Checkpointer(str(tmp_path / "ck")).restore(other, loader=LocalLoader(GROUPS))
+
+
+@pytest.mark.parametrize("saved", ["parts", "whole"])
+def test_a_holder_checks_its_tables_against_the_record(tmp_path, saved):
+    """Bytes that decode but differ from the step's record (the record of a slot edited): the
+    holder that reads them finds the mismatch, and the step is damaged."""
+    s = _state(4)
+    ck = Checkpointer(str(tmp_path / "ck"))
+    if saved == "parts":
+        _save(ck, s, GROUPS)
+    else:
+        ck.save(4, s, {})
+    path = tmp_path / "ck" / "4" / "meta" / "metadata"
+    meta = json.loads(path.read_text())
+    rows = meta["integrity"]["parts"][1]["arrays"] if saved == "parts" else meta["integrity"][
+        "arrays"]
+    row = next(r for r in rows if "emb/c" in r[0] and "slots" in r[0])
+    row[3] = "00000000"
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CheckpointCorruptError, match=r"holder 0: checksum mismatch in "
+                                                     r"(tables_1|state): \['slots'\]\['emb/c'\]"):
+        Checkpointer(str(tmp_path / "ck")).restore(jax.tree.map(np.asarray, s), step=4,
+                                                   loader=LocalLoader([("emb/c", "emb/a"),
+                                                                       ("emb/b",)]))

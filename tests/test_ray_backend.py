@@ -22,7 +22,6 @@ ray = pytest.importorskip("ray")
 
 from algorithms import async_ps, gba, persia, shadowsync  # noqa: E402
 from algorithms.runtime import ray_backend, ray_ps, ray_wire, ray_workers  # noqa: E402
-from recjax.checkpoint import Checkpointer  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
 from tests.runtime_util import (  # noqa: E402
     assert_trees,
@@ -261,33 +260,6 @@ def test_converges_as_on_threads(cluster, algo):
     if algo == "persia":
         assert r["embedding_updates"] == 150
         assert r["embedding_staleness"]["max"] <= 2
-
-
-@pytest.mark.slow
-def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path):
-    """A Ray run's checkpoint (its tables written by the shard actors as parts) resumes on
-    threads, and Ray continues a threaded one; both equal the state the run ended with."""
-    out = str(tmp_path / "run")
-    base = small_cfg("async", steps=10, trainers=1, workers_per_trainer=1,
-                     train={"out": out, "keep_ckpts": 3})
-    first = async_ps.run(on_ray(base))["final_state"]
-    cont = dataclasses.replace(base, train=dataclasses.replace(base.train, steps=20, resume=True))
-    second = async_ps.run(on_threads(cont))
-    assert second["start_step"] == 10 if "start_step" in second else True
-    # one worker, synchronous pushes: 10 Ray steps + 10 threaded steps = 20 steps of train_step
-    want = reference(base, worker_batches(base, 0, 1, 20))
-    assert_trees(second["final_state"].params, want.params, rtol=1e-5, atol=1e-7)
-    assert_trees(second["final_state"].tables, want.tables, rtol=1e-5, atol=1e-7)
-    third = async_ps.run(on_ray(dataclasses.replace(cont, train=dataclasses.replace(
-        cont.train, steps=25))))
-    want = reference(base, worker_batches(base, 0, 1, 25))
-    assert int(third["final_state"].step) == 25
-    assert_trees(third["final_state"].params, want.params, rtol=1e-5, atol=1e-7)
-    assert_trees(third["final_state"].tables, want.tables, rtol=1e-5, atol=1e-7)
-    assert first is not None
-    # the Ray steps' tables were written by the shard actors (parts), the threaded one's whole
-    ck = Checkpointer(os.path.join(out, "checkpoints"))
-    assert [("parts" in ck.meta(s)["integrity"]) for s in ck.all_steps()] == [True, False, True]
 
 
 @pytest.mark.slow

@@ -1,8 +1,10 @@
 """Issue 38's memory under Ray: no table passes through the driver after set-up (evaluation
 pulls rows from the shard actors; checkpoints are written by them as parts,
-recjax/checkpoint_parts.py). Split from tests/test_ray_backend.py, whose helpers it uses."""
+recjax/checkpoint_parts.py), nor on a resume (each shard actor reads its own). Split from
+tests/test_ray_backend.py; the helpers are tests/runtime_util.py's."""
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -12,9 +14,17 @@ ray = pytest.importorskip("ray")
 
 from algorithms import async_ps  # noqa: E402
 from algorithms.runtime import ray_backend, ray_ps  # noqa: E402
+from recjax import checkpoint_parts  # noqa: E402
 from recjax.checkpoint import Checkpointer  # noqa: E402
 from recjax.config import RayConfig  # noqa: E402
-from tests.runtime_util import assert_trees, on_ray, small_cfg  # noqa: E402
+from tests.runtime_util import (  # noqa: E402
+    assert_trees,
+    on_ray,
+    on_threads,
+    reference,
+    small_cfg,
+    worker_batches,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +76,45 @@ def test_evaluation_pulls_rows_and_the_driver_gathers_no_table(cluster, monkeypa
     assert [p["item"] for p in ck.meta(12)["integrity"]["parts"]] == ["tables_0", "tables_1"]
     saved, _ = ck.restore(jax.tree.map(np.asarray, st))
     assert_trees(saved, st)  # the checkpoint, read on one process, is the gathered state
+
+
+@pytest.mark.slow
+def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path, monkeypatch):
+    """A Ray run's checkpoint (its tables written by the shard actors as parts) resumes on
+    threads, and Ray continues a threaded one and its own; each equals the state the run
+    ended with. A Ray resume reads no table in the driver: each shard actor reads its own."""
+    out = str(tmp_path / "run")
+    base = small_cfg("async", steps=10, trainers=1, workers_per_trainer=1,
+                     train={"out": out, "keep_ckpts": 3})
+    first = async_ps.run(on_ray(base))["final_state"]
+    cont = dataclasses.replace(base, train=dataclasses.replace(base.train, steps=20, resume=True))
+    second = async_ps.run(on_threads(cont))
+    assert second["start_step"] == 10 if "start_step" in second else True
+    # one worker, synchronous pushes: 10 Ray steps + 10 threaded steps = 20 steps of train_step
+    want = reference(base, worker_batches(base, 0, 1, 20))
+    assert_trees(second["final_state"].params, want.params, rtol=1e-5, atol=1e-7)
+    assert_trees(second["final_state"].tables, want.tables, rtol=1e-5, atol=1e-7)
+    read = []  # what the driver reads of a checkpoint (this process is the driver)
+    item = Checkpointer._restore_item
+    monkeypatch.setattr(Checkpointer, "_restore_item", lambda self, step, name, like, strict=True:
+                        read.append((name, like)) or item(self, step, name, like, strict))
+    rest = checkpoint_parts.read_rest
+    monkeypatch.setattr(checkpoint_parts, "read_rest",
+                        lambda d, like: read.append(("state(partial)", like)) or rest(d, like))
+    for steps in (25, 30):  # from the threaded step (saved whole), then from Ray's (parts)
+        run = async_ps.run(on_ray(dataclasses.replace(cont, train=dataclasses.replace(
+            cont.train, steps=steps))))
+        want = reference(base, worker_batches(base, 0, 1, steps))
+        assert int(run["final_state"].step) == steps
+        assert_trees(run["final_state"].params, want.params, rtol=1e-5, atol=1e-7)
+        assert_trees(run["final_state"].tables, want.tables, rtol=1e-5, atol=1e-7)
+    # the resumes (and the saves' checks): the state's other arrays, partially from the
+    # threaded step, which holds the tables too; no part, and no table
+    states = [like for name, like in read if name.startswith("state")]
+    assert [name for name, _ in read].count("state(partial)") == 1 and len(states) >= 3
+    assert not any(like.tables or like.slots for like in states)
+    assert not [name for name, _ in read if name.startswith("tables_")]
+    assert first is not None
+    # the Ray steps' tables were written by the shard actors (parts), the threaded one's whole
+    ck = Checkpointer(os.path.join(out, "checkpoints"))
+    assert [("parts" in ck.meta(s)["integrity"]) for s in ck.all_steps()] == [False, True, True]

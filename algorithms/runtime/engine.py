@@ -129,18 +129,23 @@ class Runtime:
             return self.placement.make_ps(layout, self.sparse_opt, tables, slots, table_shard,
                                           rc.ps_shards, store)
 
+        # a resume whose tables are in no process here: each shard reads its own of the step
+        # (`Placement.loader`), so the shards are made first, empty
+        loading = not lru and not self.placement.tables_here and tc.resume
         if lru:
             self.ps = make_ps({}, {})
             state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
+        elif loading:
+            self.ps = make_ps(None, None)
         # stragglers: draws keyed by (worker, its iteration in the interval), from the seed
         self.stragglers = stragglers.parse(rc.stragglers, self.num_workers, tc.seed)
         # where the first interval's roles start (a checkpoint?) and stop (its end?)
         self.ckpt, state, self.progress, span = segments.open_segment(
-            cfg, state, self.num_workers, self.steps_per_epoch)
-        if lru:
-            if span.start:
-                self.ps.restore(state.tables, state.slots)
-        else:
+            cfg, state, self.num_workers, self.steps_per_epoch,
+            loader=self.placement.loader(self.ps) if loading else None)
+        if lru and span.start or loading and state.tables:  # (read here: `Checkpointer.restore`)
+            self.ps.restore(state.tables, state.slots)
+        elif not (lru or loading):
             self.ps = make_ps(state.tables, state.slots)
         self._begin(span, state)
         self._compile(state, self.localize(profile[0]))

@@ -97,6 +97,11 @@ class Placement(Protocol):
         of their own write into the step; the state saved lacks them. [] = none (they are
         in the state)."""
 
+    def loader(self, ps: ps_lib.EmbeddingPS) -> Any:
+        """Where `tables_here` is false, the `ps` (made with ``tables=None``) as a checkpoint's
+        `recjax.checkpoint_parts.Loader`: each shard reads its own tables of the step
+        resumed; None where this process holds the tables (or an LRU store's)."""
+
     def end_interval(self) -> None:
         """Between two checkpoint intervals of one run: the shared servers of the interval
         before (`host`) are done (PS shards and worker compute stay)."""
@@ -152,6 +157,9 @@ class InProcess:
 
     def parts(self):
         return []
+
+    def loader(self, ps):
+        return None
 
     def end_interval(self):
         pass  # a shared server is the algorithm's object: it goes with the interval's roles

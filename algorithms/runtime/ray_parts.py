@@ -1,17 +1,21 @@
 """A Ray run's checkpoint parts (`recjax.checkpoint_parts`): each embedding PS shard's actor
-writes its own tables and slots into the step and reads them back for the check, so no table
-passes through the driver on a save (issue 38).
+writes its own tables and slots into the step and reads them back for the check, and on a
+resume reads its own tables of the step (`ShardLoader`), so no table passes through the driver
+on a save or a resume (issue 38).
 
 `PartHolder` is the actor's side (`ray_ps.ShardServer` inherits it); `ShardPart` the driver's
-(`recjax.checkpoint_parts.Part`), made by `parts` for each shard with tables. The directory
-must be one every shard's host sees (on a cluster: a shared filesystem, as orbax's multi-host
-checkpoints need).
+(`recjax.checkpoint_parts.Part`), made by `parts` for each shard with tables; `ShardLoader` the
+driver's `recjax.checkpoint_parts.Loader`. The directory must be one every shard's host sees
+(on a cluster: a shared filesystem, as orbax's multi-host checkpoints need).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+import jax
+import numpy as np
 
 from recjax import checkpoint_holder, checkpoint_parts
 
@@ -32,6 +36,21 @@ class PartHolder:
 
     def check_part(self, directory: str, rows: list) -> str | None:
         return checkpoint_holder.check(directory, self._tree(), rows)
+
+    def load_part(self, sources: list) -> str | None:
+        """Take this shard's tables and slots from a step (`checkpoint_holder.load`); None, or
+        why not (its files damaged: the shard keeps what it had)."""
+        from recjax.checkpoint import _Damaged
+
+        try:
+            tables, slots = checkpoint_holder.load(sources)
+        except _Damaged as e:
+            return str(e)
+        # the shard updates its rows in place: arrays it owns and may write
+        self.shard.tables = {k: np.require(v, np.float32, ["C", "W"]) for k, v in tables.items()}
+        self.shard.slots = {k: jax.tree.map(lambda a: np.require(a, requirements=["C", "W"]), v)
+                            for k, v in slots.items()}
+        return None
 
 
 @dataclasses.dataclass
@@ -75,3 +94,22 @@ def parts(shards: list) -> list[ShardPart]:
                                 "Lower the learning rate (--sparse.lr)")
         out.append(ShardPart(sh, rows))
     return out
+
+
+@dataclasses.dataclass
+class ShardLoader:
+    """The PS shards as a checkpoint's `recjax.checkpoint_parts.Loader`: each shard's actor
+    reads its own tables of the step, all at once (a shard that dies meanwhile is restarted
+    and asked again by its proxy; a restart after this goes back to what was read)."""
+
+    shards: list  # ray_ps.ShardProxy
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for sh in self.shards for n in sh.names)
+
+    def load(self, sources) -> str | None:
+        sent = [(sh, sh.submit("load_part", src), src)
+                for sh in self.shards if sh.names for src in [sources(sh.names)]]
+        whys = [(sh.index, sh.result(ref, "load_part", src)) for sh, ref, src in sent]
+        return next((f"PS shard {s}: {why}" for s, why in whys if why is not None), None)

@@ -158,6 +158,10 @@ class RayPlacement:
         except ray_ps.PsFailed:
             return []
 
+    def loader(self, ps):
+        """The shards read their own tables of the step resumed (``ray_parts.ShardLoader``)."""
+        return None if ps.lru else ray_parts.ShardLoader(ps.shards)
+
     def fault_counters(self):
         return {**self.rt.ps.fault_counters(), "ray_worker_groups": len(self.groups.handles),
                 "ray_worker_respawns": self.groups.respawns}

@@ -110,7 +110,7 @@ class ShardServer(ray_parts.PartHolder):
 
 
 # `ShardServer` calls that set a shard's state wholesale: a snapshot is taken right after them
-_RESETS = ("restore", "set_tables", "set_step")
+_RESETS = ("restore", "set_tables", "set_step", "load_part")
 _PUSHES = ("push", "push_rows")  # the calls that update rows: counted, and killed at (`ray.kill`)
 
 
@@ -171,21 +171,19 @@ class ShardProxy:
                 gen, ref = self.submit(method, *args)
         if method in _PUSHES:
             self._pushed()
+        elif method in _RESETS:
+            self._resnapshot()
         return out
 
     def call(self, method: str, *args) -> Any:
-        out = self.result(self.submit(method, *args), method, *args)
-        if method in _RESETS:
-            self._resnapshot()
-        return out
+        return self.result(self.submit(method, *args), method, *args)
 
     def _resnapshot(self) -> None:
         """The shard's state was set wholesale (a resumed checkpoint, GBA's undone probe, the
         optimizer step): a restart goes back to this state, not to an older snapshot."""
-        if self._cluster is None:
-            return
-        with self._lock:
-            self._snapshot_now(self.pushes)
+        if self._cluster is not None:
+            with self._lock:
+                self._snapshot_now(self.pushes)
 
     def _snapshot_now(self, at: int) -> None:
         """The only snapshot from now on (the state after push `at`), waited for: taken at
@@ -330,9 +328,10 @@ class ShardProxy:
 
 class RayEmbeddingPS(ps_lib.EmbeddingPS):
     """`ps.EmbeddingPS` over `ShardServer` actors (same arguments, plus the run's cluster and
-    config); its pulls and pushes fan out to the shards at once and wait for all of them."""
+    config; `tables` None: each shard reads its own from a checkpoint, `ray_parts.ShardLoader`);
+    its pulls and pushes fan out to the shards at once and wait for all of them."""
 
-    def __init__(self, cluster: Cluster, cfg: Config, layout, tables: dict, slots: dict,
+    def __init__(self, cluster: Cluster, cfg: Config, layout, tables: dict | None, slots,
                  placement: dict[str, int], shards: int, lru: dict | None = None):
         self.layout, self.placement, self.num_shards = layout, placement, shards
         self.lru = lru is not None
@@ -344,6 +343,8 @@ class RayEmbeddingPS(ps_lib.EmbeddingPS):
             if self.lru:
                 args = (s, cfg.sparse, {}, {}, dict(lru, dims={n: self._dim[n] for n in names}),
                         None)
+            elif tables is None:
+                args = (s, cfg.sparse, {}, {}, None, None)
             elif any(isinstance(tables[k], jax.ShapeDtypeStruct) for k in names):
                 # a fresh run: the shard draws its own tables (`init_state(tables=False)`)
                 init = {"layout": dataclasses.replace(layout, tables=tuple(

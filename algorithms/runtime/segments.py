@@ -41,16 +41,17 @@ class Span(NamedTuple):
     periodic: bool
 
 
-def open_segment(cfg: Config, state: TrainState, workers: int, steps_per_epoch: int):
+def open_segment(cfg: Config, state: TrainState, workers: int, steps_per_epoch: int,
+                 loader=None):
     """The run's checkpoints and where its first interval's roles start and stop:
     ``(checkpointer or None, the state to start from, progress, Span)`` (`contract.open_run`'s
-    policy).
+    policy; a resume's tables read by `loader`'s holders, `recjax.checkpoint_parts.Loader`).
 
     Raises:
       ValueError: a resumed run whose checkpoint already reaches the requested steps.
     """
     tc = cfg.train
-    ckpt, state, progress = contract.open_run(cfg, state, resume=tc.resume)
+    ckpt, state, progress = contract.open_run(cfg, state, resume=tc.resume, loader=loader)
     start = int(state.step)
     run_end = tc.steps or tc.epochs * steps_per_epoch
     if tc.resume and start >= run_end:

@@ -209,7 +209,8 @@ def window_sums(s: dict) -> dict:
 
 
 def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
-             resume: bool | None = None) -> tuple[Checkpointer | None, TrainState, Progress]:
+             resume: bool | None = None,
+             loader=None) -> tuple[Checkpointer | None, TrainState, Progress]:
     """The ``--out`` and resume policy: ``(checkpointer or None, start state, progress)``.
 
     Args:
@@ -218,6 +219,9 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
       checkpoints: keep checkpoints under ``--out`` (False: a multi-process run's process 0).
       resume: restore the latest checkpoint (default ``train.resume``; the host-async engine
         also goes on from its own periodic checkpoints this way).
+      loader: holders that read the resumed step's tables themselves
+        (`recjax.checkpoint_parts.Loader`; `Checkpointer.restore`): the state returned lacks
+        them then.
 
     Raises:
       ValueError: a fresh run into an ``--out`` that holds a run (`claim_out`), or a resume
@@ -238,7 +242,8 @@ def open_run(cfg: Config, state: TrainState, checkpoints: bool = True,
     if ckpt:
         ckpt.clean_stale()  # saves a kill cut short; safe under the lock
     if resume:
-        state, meta = ckpt.restore(state)  # the newest intact checkpoint
+        # the newest intact checkpoint
+        state, meta = ckpt.restore(state, loader=loader) if loader else ckpt.restore(state)
         # compare as JSON sees them (tuples were saved as lists)
         check_resumable(meta.get("config", {}), json.loads(json.dumps(cfg.to_dict())),
                         json.loads(json.dumps(Config().to_dict())))
