@@ -563,3 +563,29 @@ def test_gba_on_ray_with_ids_beyond_the_store_capacity(cluster):
     s = gba.run(on_ray(base))
     assert s["backend"] == "ray" and s["lru"]["total"]["evicted"] > 0
     assert s["tagged_ids"] > 4 * 60 and np.isfinite(s["eval_ne"])
+
+
+@pytest.mark.slow
+def test_a_hosted_server_lost_between_intervals_names_the_latest_checkpoint(cluster, tmp_path,
+                                                                           monkeypatch):
+    """GBA's PS0 actor killed between two checkpoint intervals (its process is kept for the
+    next interval's server, `RayPlacement.host`): the run stops with `StateLost` naming the
+    checkpoint the interval committed (the CLI's one-line error), not with Ray's own error
+    and a traceback (seen once in scripts/faults.py --ray-cases on a loaded box)."""
+    from algorithms.runtime import ray_placement
+    from algorithms.runtime.segments import StateLost
+
+    end = ray_placement.RayPlacement.end_interval
+
+    def end_and_kill(self):
+        end(self)
+        for handles in self.spare.values():
+            for h in handles:
+                ray_backend.sigkill(h, ray.get(h.pid.remote()))
+
+    monkeypatch.setattr(ray_placement.RayPlacement, "end_interval", end_and_kill)
+    base = small_cfg("gba", steps=16, workers=2, mode="sync",
+                     train={"out": str(tmp_path / "run"), "ckpt_every": 8})
+    with pytest.raises(StateLost, match="GbaServer died as the next checkpoint interval began; "
+                                        "the latest committed checkpoint is step 8"):
+        gba.run(on_ray(base))

@@ -25,7 +25,7 @@ from algorithms.runtime import (
 )
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.dense_blocks import pick
-from algorithms.runtime.segments import StateLost
+from algorithms.runtime.segments import StateLost, with_latest
 
 Runtime = Any  # `engine.Runtime` (not imported: the engine imports the placement)
 
@@ -70,8 +70,13 @@ class RayPlacement:
         """``factory(*args)`` built in an actor of its own, behind a `ray_wire.Hosted` proxy;
         its actor is watched: it holds state that is not restarted."""
         if self.spare.get(cls):  # an earlier interval's process: no new process, no import
-            handle = self.spare[cls].pop()
-            ray_backend._ray().get(handle.rebuild.remote(factory, *args))
+            handle, ray = self.spare[cls].pop(), ray_backend._ray()
+            try:
+                ray.get(handle.rebuild.remote(factory, *args))
+            except ray.exceptions.RayActorError as e:  # (between two intervals: checkpointed)
+                raise with_latest(StateLost(f"the Ray actor of {cls.__name__} died as the next "
+                                            "checkpoint interval began"),
+                                  self.rt.cfg.train.out) from e
         else:
             handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
                                         resource=self.rt.cfg.ray.ps_resource)
