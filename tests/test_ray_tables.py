@@ -41,7 +41,8 @@ def test_evaluation_pulls_rows_and_the_driver_gathers_no_table(cluster, monkeypa
     """Issue 38's memory: under Ray evaluation pulls each eval batch's rows from the shard
     actors (as the workers do) instead of gathering every table into the driver, and with
     ``ray.final_tables`` false (what scripts/train.py sets) the driver gathers none at all,
-    its checkpoints included (each shard actor writes its part, recjax/checkpoint_parts.py).
+    its checkpoints and out/best included (each shard actor writes its part,
+    recjax/checkpoint_parts.py).
     The pulled-row eval equals the single trainer's predict on the whole final tables; the
     run without gathering (the PS's snapshot made to fail) has the same trajectory and eval."""
     from recjax.train import contract
@@ -66,7 +67,8 @@ def test_evaluation_pulls_rows_and_the_driver_gathers_no_table(cluster, monkeypa
     monkeypatch.setattr(ray_ps.RayEmbeddingPS, "snapshot", no_gather)
     out = tmp_path / "run"  # and its checkpoints: each shard actor writes its own tables
     kept = async_ps.run(on_ray(dataclasses.replace(base, train=dataclasses.replace(
-        base.train, out=str(out), ckpt_every=6)), roles=roles, final_tables=False))
+        base.train, out=str(out), ckpt_every=6, keep_best=True)), roles=roles,
+        final_tables=False))
     assert kept["final_state"].tables == {} and int(kept["final_state"].step) == 12
     assert_trees(kept["final_state"].params, st.params)
     for k in ("auc", "logloss", "ne"):
@@ -76,6 +78,12 @@ def test_evaluation_pulls_rows_and_the_driver_gathers_no_table(cluster, monkeypa
     assert [p["item"] for p in ck.meta(12)["integrity"]["parts"]] == ["tables_0", "tables_1"]
     saved, _ = ck.restore(jax.tree.map(np.asarray, st))
     assert_trees(saved, st)  # the checkpoint, read on one process, is the gathered state
+    # out/best (keep_best): written by the shard actors too, the state of its eval's step
+    best = Checkpointer(str(out / "best"))
+    (step,) = best.all_steps()
+    assert step == kept["best_step"] and "parts" in best.meta(step)["integrity"]
+    assert_trees(best.restore(jax.tree.map(np.asarray, st))[0],
+                 ck.restore(jax.tree.map(np.asarray, st), step=step)[0])
 
 
 @pytest.mark.slow

@@ -127,8 +127,7 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
         step = int(state.step)
     else:
         step = rt.start_step + iterations if step is None else step
-        state = rt.state(params, opt_state, step) if _gather(rt) else \
-            TrainState(jnp.asarray(step, jnp.int32), params, opt_state, {}, {})
+        state = state_at(rt, params, opt_state, step)
     sums = totals(workers, completed=report.early is not None)
     contract.check_finite(sums, f"in steps {rt.start_step + 1}-{step}", rt.ckpt)
     rt.progress.add(sums)
@@ -189,13 +188,27 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     return summary | {"final_state": state, "schedule": sched}
 
 
+def state_at(rt: Runtime, params: Any, opt_state: Any, step: int) -> TrainState:
+    """The `TrainState` at `step` for an eval's out/best or the call's end: with every table
+    (`rt.state`) where this process holds them or needs them (`_gather`), else without."""
+    if _gather(rt):
+        return rt.state(params, opt_state, step)
+    return TrainState(jnp.asarray(step, jnp.int32), params, opt_state, {}, {})
+
+
+def save_best(rt: Runtime, ckpt, state: TrainState, progress, wall: float) -> None:
+    """Write `state` to out/best (`ckpt`): its tables as the checkpoints' are (`_to_save`),
+    by the shard actors where they live there, as they are now."""
+    saved, parts = _to_save(rt, state)
+    contract.save(ckpt, rt.cfg, saved, progress, wall, parts=parts)
+
+
 def _gather(rt: Runtime) -> bool:
-    """The end of the call needs every table in this process: out/best is written from it,
-    the returned ``final_state`` holds them (``Placement.final_tables``), or an LRU store's
-    checkpoint; else, under Ray, the tables stay in their shard actors: evaluation pulls rows
-    (`pulls`) and each actor writes its own part of a checkpoint (`Placement.parts`)."""
-    return (rt.placement.tables_here or rt.ps.lru or rt.report.stopper is not None
-            or rt.placement.final_tables)
+    """The end of the call needs every table in this process: the returned ``final_state``
+    holds them (``Placement.final_tables``), or an LRU store's checkpoint; else, under Ray,
+    the tables stay in their shard actors: evaluation pulls rows (`pulls`) and each actor
+    writes its own part of a checkpoint and of out/best (`Placement.parts`)."""
+    return rt.placement.tables_here or rt.ps.lru or rt.placement.final_tables
 
 
 def _layout(rt: Runtime, sched: Schedule, step: int, iterations: int) -> dict:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from algorithms.runtime.finish import predictor, pulls, totals
+from algorithms.runtime.finish import predictor, pulls, save_best, state_at, totals
 from recjax.runlog import flat_scalars
 from recjax.train import contract
 from recjax.train.hooks import RunOutputs
@@ -190,7 +190,7 @@ class Reporter:
         rt = self.rt
         params, opt_state, s = self.snapshot()
         s = int(s)
-        state = rt.state(params, opt_state, s) if self.stopper is not None else None
+        state = state_at(rt, params, opt_state, s) if self.stopper is not None else None
         tables = None if pulls(rt) else (state.tables if state is not None
                                          else rt.ps.snapshot()[0])
         ev, preds = contract.evaluate(rt.cfg, rt.data, predictor(rt), params, tables)
@@ -212,7 +212,7 @@ class Reporter:
                 p = copy.deepcopy(self.rt.progress)
                 if step > self.rt.start_step and self.workers:
                     p.add(totals(self.workers, completed=True))
-            contract.save(ckpt, self.rt.cfg, state, p, time.perf_counter() - self.rt.t0)
+            save_best(self.rt, ckpt, state, p, time.perf_counter() - self.rt.t0)
 
         return self.out.track(step, ev, save, final)
 
