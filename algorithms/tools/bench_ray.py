@@ -435,41 +435,52 @@ def bench_ray(repeats: int = 5, quick: bool = False, batch: int = 4096) -> list[
 
 def bench_memory(roles: tuple, workers: int = 2, steps: int = 8) -> dict:
     """Measurement 8 (``--memory``): the driver's peak resident memory in a dlrm_kaggle async
-    run from the CLI, for each ``--ray.roles``, without and with ``--out`` (a checkpoint,
-    which the shard actors write their tables into), and each of its Ray processes' peak (sampled every
+    run from the CLI, for each ``--ray.roles``: without ``--out``, with it (a checkpoint, which
+    the shard actors write their tables into), and ``--resume`` of that run for 4 more steps
+    (each shard actor reads its own tables); and each of its Ray processes' peak (sampled every
     0.1 s with psutil, the driver's own read from its VmHWM); one subprocess per run."""
-    import subprocess
     import tempfile
 
     out = {"name": "ray/memory", "config": "dlrm_kaggle", "workers": workers, "steps": steps}
-    for ro, ckpt in ((r, c) for r in roles for c in (False, True)):
+    for ro in roles:
         with tempfile.TemporaryDirectory() as tmp:
-            hwm_file = pathlib.Path(tmp) / "vmhwm"
-            cmd = [sys.executable, "-c", _MEMORY_RUN, str(hwm_file), "--config", "dlrm_kaggle", "--algo",
-                   "async", "--backend", "ray", "--trainers", str(workers),
-                   "--workers-per-trainer", "1", "--steps", str(steps), "--ray.roles", ro,
-                   *(["--out", str(pathlib.Path(tmp) / "run")] if ckpt else [])]
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-            me, peaks = psutil.Process(proc.pid), {}
-            while proc.poll() is None:
-                try:
-                    for c in me.children(recursive=True):
-                        with contextlib.suppress(psutil.Error):
-                            name = c.name()
-                            peaks[name] = max(peaks.get(name, 0), c.memory_info().rss)
-                except psutil.Error:
-                    pass
-                time.sleep(0.1)
-            hwm = int(hwm_file.read_text()) if hwm_file.exists() else 0
-        if proc.returncode or not hwm:
-            raise RuntimeError(f"the --ray.roles {ro} run failed (exit {proc.returncode})")
-        key = ro + (" --out" if ckpt else "")
-        out[key] = {"driver_peak_mib": hwm / 1024,
-                    "children_peak_mib": {k: v / 2**20 for k, v in sorted(peaks.items())}}
-        print(f"  --ray.roles {key}: driver peak {hwm / 1024:.0f} MiB; "
-              + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(peaks.items())
-                          if v > 2**28), file=sys.stderr, flush=True)
+            run = ["--out", str(pathlib.Path(tmp) / "run")]
+            for key, extra in ((ro, []), (f"{ro} --out", run),
+                               (f"{ro} --resume", [*run, "--resume", "--steps", str(steps + 4)])):
+                hwm, peaks = _peaks(pathlib.Path(tmp) / "vmhwm", [
+                    "--config", "dlrm_kaggle", "--algo", "async", "--backend", "ray",
+                    "--trainers", str(workers), "--workers-per-trainer", "1", "--steps", str(steps),
+                    "--ray.roles", ro, *extra])
+                out[key] = {"driver_peak_mib": hwm / 1024,
+                            "children_peak_mib": {k: v / 2**20 for k, v in sorted(peaks.items())}}
+                print(f"  --ray.roles {key}: driver peak {hwm / 1024:.0f} MiB; "
+                      + ", ".join(f"{k} {v / 2**20:.0f}" for k, v in sorted(peaks.items())
+                                  if v > 2**28), file=sys.stderr, flush=True)
     return out
+
+
+def _peaks(hwm_file: pathlib.Path, args: list[str]) -> tuple[int, dict]:
+    """Run ``scripts/train.py args`` in a subprocess: ``(its peak resident KiB, {child process
+    name: its peak bytes})``."""
+    import subprocess
+
+    hwm_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", _MEMORY_RUN, str(hwm_file), *args],
+                            stdout=subprocess.DEVNULL)
+    me, peaks = psutil.Process(proc.pid), {}
+    while proc.poll() is None:
+        try:
+            for c in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    name = c.name()
+                    peaks[name] = max(peaks.get(name, 0), c.memory_info().rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.1)
+    hwm = int(hwm_file.read_text()) if hwm_file.exists() else 0
+    if proc.returncode or not hwm:
+        raise RuntimeError(f"the run {' '.join(args)} failed (exit {proc.returncode})")
+    return hwm, peaks
 
 
 # the CLI's run, then the process's peak resident memory (VmHWM, KiB) into the file argv[1]
