@@ -131,10 +131,11 @@ class Runtime:
 
         # a resume whose tables are in no process here: each shard reads its own of the step
         # (`Placement.loader`), so the shards are made first, empty
-        loading = not lru and not self.placement.tables_here and tc.resume
+        loading = not self.placement.tables_here and tc.resume
         if lru:
             self.ps = make_ps({}, {})
-            state = state._replace(**dict(zip(("tables", "slots"), self.ps.snapshot())))
+            state = state._replace(**dict(zip(("tables", "slots"),
+                                              self.placement.table_shapes(self.ps))))
         elif loading:
             self.ps = make_ps(None, None)
         # stragglers: draws keyed by (worker, its iteration in the interval), from the seed
@@ -143,7 +144,7 @@ class Runtime:
         self.ckpt, state, self.progress, span = segments.open_segment(
             cfg, state, self.num_workers, self.steps_per_epoch,
             loader=self.placement.loader(self.ps) if loading else None)
-        if lru and span.start or loading and state.tables:  # (read here: `Checkpointer.restore`)
+        if (lru and span.start or loading) and state.tables:  # (read here, not by the shards)
             self.ps.restore(state.tables, state.slots)
         elif not (lru or loading):
             self.ps = make_ps(state.tables, state.slots)

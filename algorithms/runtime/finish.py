@@ -205,10 +205,10 @@ def save_best(rt: Runtime, ckpt, state: TrainState, progress, wall: float) -> No
 
 def _gather(rt: Runtime) -> bool:
     """The end of the call needs every table in this process: the returned ``final_state``
-    holds them (``Placement.final_tables``), or an LRU store's checkpoint; else, under Ray,
-    the tables stay in their shard actors: evaluation pulls rows (`pulls`) and each actor
-    writes its own part of a checkpoint and of out/best (`Placement.parts`)."""
-    return rt.placement.tables_here or rt.ps.lru or rt.placement.final_tables
+    holds them (``Placement.final_tables``); else, under Ray, the tables (an LRU store's too)
+    stay in their shard actors: evaluation pulls rows (`pulls`) and each actor writes its own
+    part of a checkpoint and of out/best (`Placement.parts`)."""
+    return rt.placement.tables_here or rt.placement.final_tables
 
 
 def _layout(rt: Runtime, sched: Schedule, step: int, iterations: int) -> dict:

@@ -98,9 +98,13 @@ class Placement(Protocol):
         in the state)."""
 
     def loader(self, ps: ps_lib.EmbeddingPS) -> Any:
-        """Where `tables_here` is false, the `ps` (made with ``tables=None``) as a checkpoint's
-        `recjax.checkpoint_parts.Loader`: each shard reads its own tables of the step
-        resumed; None where this process holds the tables (or an LRU store's)."""
+        """Where `tables_here` is false, the `ps` (made with ``tables=None``, or LRU stores) as
+        a checkpoint's `recjax.checkpoint_parts.Loader`: each shard reads its own tables of
+        the step resumed; None where this process holds the tables."""
+
+    def table_shapes(self, ps: ps_lib.EmbeddingPS) -> tuple[dict, dict]:
+        """``(tables, slots)`` of an LRU `ps` as a `TrainState` holds them: its snapshot here,
+        or (where the stores live in other processes) their shapes and dtypes only."""
 
     def end_interval(self) -> None:
         """Between two checkpoint intervals of one run: the shared servers of the interval
@@ -160,6 +164,9 @@ class InProcess:
 
     def loader(self, ps):
         return None
+
+    def table_shapes(self, ps):
+        return ps.snapshot()
 
     def end_interval(self):
         pass  # a shared server is the algorithm's object: it goes with the interval's roles

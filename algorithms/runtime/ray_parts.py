@@ -17,16 +17,30 @@ from typing import Any
 import jax
 import numpy as np
 
+from algorithms.runtime import ps as ps_lib
 from recjax import checkpoint_holder, checkpoint_parts
 
 
 class PartHolder:
-    """The part calls of a shard actor whose `shard` is a `ps.EmbeddingShard`."""
+    """The part calls of a shard actor whose `shard` is a `ps.EmbeddingShard`, or with `lru` a
+    `ps.LruShard` (each store as the `TrainState` entries `ps.lru_state` makes of it)."""
 
     shard: Any
+    lru: bool
 
     def _tree(self) -> dict:
-        return checkpoint_parts.tree(self.shard.tables, self.shard.slots)
+        if not self.lru:
+            return checkpoint_parts.tree(self.shard.tables, self.shard.slots)
+        tables, slots = {}, {}
+        for k, snap in self.shard.snapshot()[0].items():
+            tables[k], slots[k] = ps_lib.lru_state(snap)
+        return checkpoint_parts.tree(tables, slots)
+
+    def part_shapes(self) -> dict:
+        """The shapes and dtypes of this shard's part tree (an LRU store's: what a
+        checkpoint's ``like`` needs, without its arrays leaving this process)."""
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+                            self._tree())
 
     def part_record(self) -> tuple[list, list]:
         return checkpoint_holder.record(self._tree())
@@ -46,6 +60,10 @@ class PartHolder:
             tables, slots = checkpoint_holder.load(sources)
         except _Damaged as e:
             return str(e)
+        if self.lru:
+            self.shard.restore(({k: ps_lib.lru_snapshot(tables[k], slots[k]) for k in tables},
+                                {}, self.shard.step))
+            return None
         # the shard updates its rows in place: arrays it owns and may write
         self.shard.tables = {k: np.require(v, np.float32, ["C", "W"]) for k, v in tables.items()}
         self.shard.slots = {k: jax.tree.map(lambda a: np.require(a, requirements=["C", "W"]), v)
@@ -113,3 +131,14 @@ class ShardLoader:
                 for sh in self.shards if sh.names for src in [sources(sh.names)]]
         whys = [(sh.index, sh.result(ref, "load_part", src)) for sh, ref, src in sent]
         return next((f"PS shard {s}: {why}" for s, why in whys if why is not None), None)
+
+
+def shapes(shards: list) -> tuple[dict, dict]:
+    """``(tables, slots)`` of every shard's part tree as shapes and dtypes (all asked at once)."""
+    sent = [(sh, sh.submit("part_shapes")) for sh in shards if sh.names]
+    tables, slots = {}, {}
+    for sh, ref in sent:
+        got = sh.result(ref, "part_shapes")
+        tables.update(got["tables"])
+        slots.update(got["slots"])
+    return tables, slots

@@ -156,8 +156,6 @@ class RayPlacement:
         """A checkpoint's parts: each shard actor writes its own tables (``ray_parts.py``);
         none (the tables gathered into the state) for an LRU store, or when a shard is gone
         for good (its last snapshot is what is saved of it)."""
-        if self.rt.ps.lru:
-            return []
         try:
             return ray_parts.parts(self.rt.ps.shards)
         except ray_ps.PsFailed:
@@ -165,7 +163,11 @@ class RayPlacement:
 
     def loader(self, ps):
         """The shards read their own tables of the step resumed (``ray_parts.ShardLoader``)."""
-        return None if ps.lru else ray_parts.ShardLoader(ps.shards)
+        return ray_parts.ShardLoader(ps.shards)
+
+    def table_shapes(self, ps):
+        """Asked of the shard actors (``ray_parts.shapes``): no store comes here."""
+        return ray_parts.shapes(ps.shards)
 
     def fault_counters(self):
         return {**self.rt.ps.fault_counters(), "ray_worker_groups": len(self.groups.handles),
