@@ -153,9 +153,9 @@ class RayPlacement:
         return e
 
     def parts(self) -> list:
-        """A checkpoint's parts: each shard actor writes its own tables (``ray_parts.py``);
-        none (the tables gathered into the state) for an LRU store, or when a shard is gone
-        for good (its last snapshot is what is saved of it)."""
+        """A checkpoint's parts: each shard actor writes its own tables or LRU stores
+        (``ray_parts.py``); none (the tables gathered into the state) when a shard is gone for
+        good (its last snapshot is what is saved of it)."""
         try:
             return ray_parts.parts(self.rt.ps.shards)
         except ray_ps.PsFailed:
