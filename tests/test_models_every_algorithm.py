@@ -66,8 +66,12 @@ def test_sync_with_table_sharding_equals_single(model, sharding):
     spmd = dataclasses.replace(cfg.spmd, table_rules=f".*:{sharding}")
     sync = algorithms.run(dataclasses.replace(cfg, spmd=spmd))
     single = algorithms.run(_cfg(model, "single"))
-    for key in ("train_ne", "eval_ne", "eval_auc"):
+    for key in ("train_ne", "eval_ne"):
         assert sync[key] == pytest.approx(single[key], rel=1e-5, abs=1e-6), key
+    # AUC ranks the eval rows: float32 logits that differ in summation order (the row-wise
+    # tables' routed lookups) swap a few near-ties, a step of 1 / (positives x negatives)
+    # each: bst row_wise 6.2e-6 apart on an AMD EPYC VM (2026-11-28), within 1e-5 elsewhere
+    assert sync["eval_auc"] == pytest.approx(single["eval_auc"], abs=3e-5)
 
 
 @pytest.mark.slow
