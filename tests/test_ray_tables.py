@@ -5,6 +5,7 @@ tests/test_ray_backend.py; the helpers are tests/runtime_util.py's."""
 
 import dataclasses
 import os
+import pathlib
 
 import jax
 import numpy as np
@@ -87,10 +88,11 @@ def test_evaluation_pulls_rows_and_the_driver_gathers_no_table(cluster, monkeypa
 
 
 @pytest.mark.slow
-def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path, monkeypatch):
+def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path, monkeypatch, capsys):
     """A Ray run's checkpoint (its tables written by the shard actors as parts) resumes on
     threads, and Ray continues a threaded one and its own; each equals the state the run
-    ended with. A Ray resume reads no table in the driver: each shard actor reads its own."""
+    ended with. A Ray resume reads no table in the driver: each shard actor reads its own,
+    and one that finds its part damaged sends the resume to the step before."""
     out = str(tmp_path / "run")
     base = small_cfg("async", steps=10, trainers=1, workers_per_trainer=1,
                      train={"out": out, "keep_ckpts": 3})
@@ -126,6 +128,20 @@ def test_checkpoint_resumes_on_threads_and_back(cluster, tmp_path, monkeypatch):
     # the Ray steps' tables were written by the shard actors (parts), the threaded one's whole
     ck = Checkpointer(os.path.join(out, "checkpoints"))
     assert [("parts" in ck.meta(s)["integrity"]) for s in ck.all_steps()] == [False, True, True]
+    # bytes flipped in a part of the newest step: its shard actor says so, the resume goes on
+    # from step 25
+    part = max((f for f in pathlib.Path(out, "checkpoints", "30", "tables_1").rglob("*")
+                if f.is_file()), key=lambda f: f.stat().st_size)
+    raw = bytearray(part.read_bytes())
+    raw[len(raw) // 2:len(raw) // 2 + 64] = bytes(b ^ 0xFF for b in raw[len(raw) // 2:][:64])
+    part.write_bytes(bytes(raw))
+    capsys.readouterr()
+    run = async_ps.run(on_ray(dataclasses.replace(cont, train=dataclasses.replace(
+        cont.train, steps=35))))
+    assert "skipped damaged checkpoint step 30" in capsys.readouterr().out
+    assert run["resumed_from_step"] == 25
+    want = reference(base, worker_batches(base, 0, 1, 35))
+    assert_trees(run["final_state"].tables, want.tables, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
