@@ -133,8 +133,9 @@ class RayPlacement:
 
     def warm(self, params, batch):
         """Compile the groups' functions and (roles in the actors) open their data."""
-        opening = [h.prepare.remote() for h in self.groups.handles.values()] if self.in_actors \
-            else []
+        # (one worker per group with the roles in the actors: the group is the worker)
+        opening = [h.prepare.remote(g, self.rt.num_workers)
+                   for g, h in self.groups.handles.items()] if self.in_actors else []
         self.groups.warm_all(params, batch)
         ray_backend._ray().get(opening)
 

@@ -235,7 +235,7 @@ class RoleServer(ComputeServer):
     def __init__(self, cfg, spec, batch_size: int, shard_names: list[list[str]]):
         super().__init__(cfg, spec, batch_size, shard_names)
         self.cfg, self.batch_size = cfg, batch_size
-        self._feed = None
+        self._feed = self._feed_share = None
         self.gate = _Gate()
         self.delta = _Delta(len(shard_names))
         self.worker: _ActorWorker | None = None
@@ -251,7 +251,7 @@ class RoleServer(ComputeServer):
         from algorithms.runtime.supply import StaticShards
 
         self.stop_role()
-        self.prepare()
+        self.prepare(wid, workers)
         f, tc, layout = self._feed, self.cfg.train, self.layout
         self._supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle, workers, skip,
                                     quota, lambda b: localize(layout, b), f.depth)
@@ -266,14 +266,15 @@ class RoleServer(ComputeServer):
                                         name=f"recjax-role-w{wid}", daemon=True)
         self._thread.start()
 
-    def prepare(self) -> None:
-        """Open the data in this process (synthetic data generated, a small source cached:
-        `supply.Feed`), once for the run: the placement calls it before the clock runs, as the
-        driver opens its own data while the run sets up."""
+    def prepare(self, wid: int, workers: int) -> None:
+        """Open the data in this process for worker `wid` of `workers` (synthetic data
+        generated and its share kept: `supply.Feed`), once for the run: the placement calls it
+        before the clock runs, as the driver opens its own data while the run sets up."""
         from algorithms.runtime.supply import Feed
 
-        if self._feed is None:
-            self._feed = Feed(self.cfg, self.batch_size)
+        if self._feed is None or self._feed_share != (wid, workers):
+            self._feed, self._feed_share = None, (wid, workers)
+            self._feed = Feed(self.cfg, self.batch_size, share=(wid, workers))
 
     def _drive(self, role) -> None:
         """`clock._drive` in real time, for Work only: a straggler's slowdown slept here, the

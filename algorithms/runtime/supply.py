@@ -28,6 +28,7 @@ from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached, first_batches
 from recjax.data.seek import Counted, epoch_batches
+from recjax.data.shard_cache import ShardCache
 from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
 
@@ -50,20 +51,27 @@ class Feed:
       cache: generate synthetic training data once and keep it (the workers read it here);
         False where only the first batches are read here (the workers read their shards in
         their own processes, ``ray_roles.py``).
+      share: ``(worker, workers)``: keep only that worker's examples
+        (`recjax.data.shard_cache.ShardCache`: a worker actor's own process reads no other).
 
     Attributes:
       data: the run's `RunData`.
       steps_per_epoch: global steps (``train.batch_size`` rows) in one pass over the data.
     """
 
-    def __init__(self, cfg: Config, batch_size: int, cache: bool = True):
+    def __init__(self, cfg: Config, batch_size: int, cache: bool = True,
+                 share: tuple[int, int] | None = None):
         self.cfg, self.batch_size = cfg, batch_size
         self.data = open_data(cfg)
         self.shuffle = train_shuffle_buffer(self.data, cfg.data.shuffle_buffer)
         if cache and isinstance(self.data.train, SyntheticSource):  # once, not once per worker
-            self.data.train = cached(self.data.train, cfg.data.cache_rows)
-            for _ in self.data.train.chunks():
-                pass
+            if share is not None:
+                self.data.train = ShardCache(self.data.train, *share, cfg.data.cache_rows)
+                self.data.train.fill()
+            else:
+                self.data.train = cached(self.data.train, cfg.data.cache_rows)
+                for _ in self.data.train.chunks():
+                    pass
         self.steps_per_epoch = self.data.train_rows // cfg.train.batch_size
         self.depth = 0 if cfg.train.deterministic else cfg.data.prefetch  # batches made ahead
 
