@@ -19,7 +19,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from recjax.batch import Chunk, concat_chunks, take
+from recjax.batch import Chunk, take
+from recjax.data import seek
 
 
 class ShardCache:
@@ -38,7 +39,7 @@ class ShardCache:
         self.name, self.spec = source.name, source.spec
         self._sizes: list[int] | None = None  # the pass's chunk sizes
         self._rows: list[np.ndarray] = []  # each chunk's row ids
-        self._kept: Chunk | None = None  # the share's examples, in stream order
+        self._kept: list[Chunk] = []  # the share's examples of each chunk, in stream order
         self._at: np.ndarray | None = None  # their stream positions, ascending
         self._stats = None
         self._handed = 0
@@ -61,10 +62,11 @@ class ShardCache:
                 at.append(first + mine)
             first += chunk.size
         self._sizes, self._rows = sizes, rows
-        self._kept = concat_chunks(kept) if kept else None
-        for a in self._kept or ():
-            if a is not None:
-                a.flags.writeable = False  # a consumer writing into a batch fails loudly
+        self._kept = kept  # per chunk, not concatenated: a copy would double the peak
+        for chunk in kept:
+            for a in chunk:
+                if a is not None:
+                    a.flags.writeable = False  # a consumer writing into a batch fails loudly
         self._at = np.concatenate(at) if at else np.zeros(0, np.int64)
         self._stats = copy.deepcopy(self.source.stats)
 
@@ -81,8 +83,6 @@ class ShardCache:
         return self._handed + getattr(self.source, "rows_read", 0)
 
     def seekable(self) -> bool:
-        from recjax.data import seek
-
         return self._sizes is not None or seek.seekable(self.source)
 
     def chunk_sizes(self) -> list[int]:
@@ -102,7 +102,7 @@ class ShardCache:
             raise IndexError(f"{self.name}: stream positions {bad.tolist()} are not in the share "
                              f"of worker {self.worker} of {self.num_workers} this cache holds")
         self._handed += positions.size
-        return take(self._kept, idx)
+        return seek.gather([c.size for c in self._kept], self._kept.__getitem__, idx)
 
     def chunks(self, start: int = 0) -> Iterator[Chunk]:
         """A pass from stream position `start`, cut where the source cuts it (a mid-epoch
@@ -116,9 +116,9 @@ class ShardCache:
                              f"{self.num_workers}'s share, not a whole pass; read it by position "
                              "(recjax.data.seek.selected)")
         first = 0
-        for size in self._sizes:
-            if start < first + size:
-                lo = first + max(start - first, 0)
-                self._handed += first + size - lo
-                yield take(self._kept, slice(lo, first + size))
-            first += size
+        for chunk in self._kept:  # (one worker: every chunk whole)
+            if start < first + chunk.size:
+                lo = max(start - first, 0)
+                self._handed += chunk.size - lo
+                yield take(chunk, slice(lo, None)) if lo else chunk
+            first += chunk.size
