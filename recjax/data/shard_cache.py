@@ -42,17 +42,18 @@ class ShardCache:
         self._kept: list[Chunk] = []  # the share's examples of each chunk, in stream order
         self._at: np.ndarray | None = None  # their stream positions, ascending
         self._stats = None
+        self._too_big = False
         self._handed = 0
 
     def fill(self) -> None:
         """Read one pass of `source` and keep the share (once)."""
-        if self._sizes is not None or self._stats is not None:
+        if self._sizes is not None or self._too_big:
             return
         sizes, rows, kept, at, first, total = [], [], [], [], 0, 0
         for chunk in self.source.chunks():
             total += chunk.size
             if total > self.max_rows:  # too big to keep: read from the source every time
-                self._stats = copy.deepcopy(self.source.stats)
+                self._too_big = True
                 return
             mine = np.flatnonzero(chunk.row % self.num_workers == self.worker)
             sizes.append(chunk.size)
