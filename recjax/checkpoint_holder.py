@@ -85,11 +85,7 @@ def load(sources: list[Source]) -> tuple[dict, dict]:
         finally:
             handler.close()
         got = {k: {**like[k], **got.get(k, {})} for k in like}
-        bad = [p for (p, _, _), crc in zip(array_specs(got), checksums(got))
-               if src.rows[p][3] != crc]
-        if bad:
-            raise _Damaged(f"checksum mismatch in {name}: {bad[0]}"
-                           + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+        _check_sums([[p, *src.rows[p][1:]] for p, _, _ in array_specs(got)], got, f"{name}: ")
         tables.update(got["tables"])
         slots.update(got["slots"])
     return tables, slots
