@@ -70,6 +70,7 @@ from algorithms.runtime import (
 )
 from algorithms.runtime.batched import resolve
 from algorithms.runtime.ps import Rows
+from algorithms.runtime.supply import EntryIndex
 from recjax.config import Config
 from recjax.train.setup import make_dense_tx
 from recjax.train.step import apply_dense
@@ -278,6 +279,8 @@ class GbaServer:
         # raw 64-bit id under embed.store=lru, whose ids are not row indices)
         self.tag = RowTags(((t.name, t.num_embeddings) for t in rt.model.layout.tables),
                            raw_ids=rt.cfg.embed.store == "lru")
+        # Alg. 2: PS0 hands out the list's entries (indices: `Runtime.shared_list`)
+        self.entries = EntryIndex(rt.start_step * p.m, rt.total_steps * p.m)
 
     # -- the workers' side ------------------------------------------------------------------
     def may_start(self, wid: int) -> bool:
@@ -291,6 +294,9 @@ class GbaServer:
             return self.pushed[wid] - min((self.pushed[v] for v in self.active),
                                           default=self.pushed[wid]) <= self.gc.b1
         return True
+
+    def next_entry(self) -> int | None:
+        return self.entries.next_entry()
 
     def pull(self, wid: int) -> tuple[Any, int]:
         """The current dense params and their version (the worker records it)."""
@@ -476,18 +482,20 @@ def _tree_scale(a, c: float):
     return jax.tree.map(lambda x: x * np.float32(c), a)
 
 
-def worker_role(rt: Runtime, server: GbaServer, worker: Worker):
+def worker_role(rt: Runtime, worker: Worker, server: GbaServer):
     """Alg. 1's computation thread: take, pull, compute, push (non-blocking), repeat.
 
     A worker whose process died (``--backend ray``: `WorkerLost`) tells the PS, whose gates
-    stop waiting for it (`GbaServer.lose`), and ends; its entry's token never returns."""
+    stop waiting for it (`GbaServer.lose`), and ends; its entry's token never returns. (Run in
+    its worker's Ray actor, the role dies with the process; the placement tells the PS.)"""
     p, wid = server.p, worker.wid
     dense_bytes = rt.dense_bytes
     it = 0
     while True:
         # The gate of the mode; a Wait that already holds still costs one event, so workers
         # finishing at the same instant all push before any of them pulls again.
-        yield Wait(server.signal, lambda: server.may_start(wid))
+        # (a method bound to its argument: PS0's own process can check it, `ray_wire`)
+        yield Wait(server.signal, functools.partial(server.may_start, wid))
         try:
             item = worker.take()
             if item is not None:
@@ -529,9 +537,11 @@ def interval(rt: Runtime) -> dict:
                                local={"p": p, "signal": Signal("gba-ps")},
                                mutating=("push", "leave", "lose", "restore", "flush"),
                                by_ref={"pull": 2})
-    supply = rt.shared_list(p.m)
+    supply = rt.shared_list(p.m, index=server)
     workers = [rt.placement.worker(w, supply) for w in range(p.workers)]
-    roles = [RoleSpec(f"gba-worker{w.wid}", worker_role(rt, server, w)) for w in workers]
+    roles = [RoleSpec(f"gba-worker{w.wid}",
+                      rt.placement.run_role(worker_role, w, server, lost=server.lose))
+             for w in workers]
 
     def snapshot():
         return server.params, server.opt_state, rt.start_step + server.accounted // p.m
@@ -552,7 +562,8 @@ def interval(rt: Runtime) -> dict:
 def server_context(rt: Runtime) -> types.SimpleNamespace:
     """What `GbaServer` reads of the engine, as values (sent to PS0's process under Ray)."""
     return types.SimpleNamespace(
-        cfg=rt.cfg, start_step=rt.start_step, model=types.SimpleNamespace(layout=rt.model.layout),
+        cfg=rt.cfg, start_step=rt.start_step, total_steps=rt.total_steps,
+        model=types.SimpleNamespace(layout=rt.model.layout),
         ps=rt.ps, batch_size=rt.batch_size, max_len=rt.max_len)
 
 

@@ -75,7 +75,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
               _ASYNC, "ShadowSync: background sync of replicas (Zheng et al. 2020)"),
     Algorithm("fr", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"), _ASYNC,
               "ShadowSync's foreground baselines FR-EASGD / MA / BMUF"),
-    Algorithm("gba", HOST_ASYNC, "algorithms.gba:run", (*_ENGINE, "gba"), _ASYNC,
+    Algorithm("gba", HOST_ASYNC, "algorithms.gba:run", (*_ENGINE, "gba"), _ASYNC | {"actor_roles"},
               "GBA: global-batch gradient aggregation and its baselines (Su et al., NeurIPS 2022)"),
     Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"), _ASYNC,
               "Persia: hybrid sync dense / async embeddings (Lian et al., KDD 2022)"),

@@ -276,16 +276,6 @@ def test_killed_worker_ends_its_batch_and_the_run_goes_on(cluster, roles):
 
 
 @pytest.mark.slow
-def test_killed_worker_of_gba_returns_no_token(cluster):
-    """GBA's sync mode waits for all N workers: a killed worker lowers N, so the run ends."""
-    base = small_cfg("gba", steps=20, workers=2, mode="sync")
-    s = gba.run(on_ray(base, kill="worker:1@3"))
-    assert s["lost_workers"] == [1] and len(s["lost_roles"]) == 1
-    assert s["updates"] >= 20 - 1
-    assert np.isfinite(s["eval_ne"])
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize("roles", ["driver", "actors"])
 def test_killed_ps_shard_restarts_from_its_snapshot(cluster, roles):
     """kill -9 of PS shard 0's process before its 10th push: restarted from its snapshot

@@ -77,11 +77,54 @@ def test_a_stop_ends_the_role_where_it_waits():
 
 def _server():
     """A `RoleServer` with only what `_drive` uses (no model, no Ray)."""
-    from algorithms.runtime.ray_roles import RoleServer, _Delta
+    from algorithms.runtime.ray_role_worker import Delta
+    from algorithms.runtime.ray_roles import RoleServer
 
     s = object.__new__(RoleServer)
-    s.gate, s.delta, s._supply = _Gate(), _Delta(1), None
+    s.gate, s.delta, s._supply = _Gate(), Delta(1), None
     return s
+
+
+def test_a_chunk_ends_while_the_role_waits_on_a_wait_and_no_batch_is_taken_after_it():
+    """GBA's gate (a `Wait` before each take) in an actor: `_drive` parks the role there; a
+    chunk whose seconds run out while it is parked ends (the state is whole: its previous
+    push landed), and once the condition holds the role still takes no batch until the next
+    chunk allows one; a chunk whose batches are used up ends at the next Wait; a stop ends
+    a Wait at once."""
+    from algorithms.runtime.clock import Signal, Wait, Work
+
+    sig, level, log = Signal("ps0"), [0], []
+    s = _server()
+
+    def role():
+        for i in range(3):
+            yield Wait(sig, lambda i=i: level[0] > i)
+            if not s.gate.enter():
+                return
+            log.append(i)
+            yield Work()
+
+    def chunk(n, seconds):  # the driver's call, which must come back
+        c = threading.Thread(target=s.gate.chunk, args=(n, seconds), daemon=True)
+        c.start()
+        c.join(5)
+        assert not c.is_alive(), "the chunk did not end"
+
+    t = threading.Thread(target=s._drive, args=(role(),), daemon=True)
+    t.start()
+    t0 = time.monotonic()
+    chunk(10, 0.2)
+    assert 0.2 <= time.monotonic() - t0 < 1.5 and s.gate.parked and log == []
+    level[0] = 1
+    sig.notify()
+    time.sleep(0.2)
+    assert log == [] and s.gate.waiting and not s.gate.parked  # out of the Wait, at the take
+    t0 = time.monotonic()
+    chunk(1, 60)
+    assert time.monotonic() - t0 < 1.5 and log == [0] and s.gate.parked  # at the next Wait
+    s.gate.stop()
+    t.join(5)
+    assert not t.is_alive() and s.gate.done and s.gate.error is None and log == [0]
 
 
 def test_a_straggler_pushes_after_its_slowdown_and_a_stop_cuts_the_sleep_short():

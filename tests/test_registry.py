@@ -31,9 +31,10 @@ HONOURED = {
     "ray": (lambda c: _set(c, "runtime", backend="ray"), ASYNC),
     "virtual": (lambda c: _set(c, "runtime", backend="virtual"), ASYNC),
     "dims": (lambda c: _set(c, "embed", dims="C1:4"), ("single",)),
-    # the roles of async PS run in its Ray worker actors (ray_roles.py); the others' not yet
+    # the roles of async PS and GBA run in their Ray worker actors (ray_roles.py); the
+    # others' not yet
     "actor_roles": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", roles="actors"),
-                    ("async",)),
+                    ("async", "gba")),
 }
 
 
@@ -70,6 +71,8 @@ def test_a_setting_is_refused_by_the_algorithms_that_cannot_honour_it(algo, sett
     with pytest.raises(ValueError) as e:
         registry.check(cfg)
     msg = str(e.value)
+    if setting == "actor_roles" and algo not in HONOURED["ray"][1]:
+        able = HONOURED["ray"][1]  # the first refusal: the Ray backend itself
     assert f"--algo {algo} " in msg and ("runs with --algo " + _either(able)) in msg, msg
     with pytest.raises(ValueError, match=f"--algo {algo} "):  # before anything is built
         algorithms.run(cfg)
@@ -85,8 +88,10 @@ def test_where_the_roles_run_under_ray():
         cfg = small_cfg(algo)
         return registry.roles_in_actors(_set(cfg, "ray", roles=roles))
 
-    assert where("async", "auto") and where("async", "actors") and not where("async", "driver")
-    assert not any(where(a, "auto") or where(a, "driver") for a in ASYNC if a != "async")
+    for a in ("async", "gba"):
+        assert where(a, "auto") and where(a, "actors") and not where(a, "driver")
+    assert not any(where(a, "auto") or where(a, "driver") for a in ASYNC
+                   if a not in ("async", "gba"))
 
 
 def test_help_names_every_algorithm():

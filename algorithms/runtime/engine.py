@@ -52,7 +52,7 @@ from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, run_threaded, run_virtual
 from algorithms.runtime.placement import choose
 from algorithms.runtime.segments import Abandoned, StateLost, stoppable
-from algorithms.runtime.supply import Feed, SharedList, StaticShards
+from algorithms.runtime.supply import EntryIndex, Feed, ListOfIndices, SharedList, StaticShards
 from algorithms.runtime.watchdog import Watchdog
 from algorithms.runtime.worker import Worker, make_grads, mini_layout, with_vocab
 from recjax.concurrency import ThreadGroup
@@ -210,11 +210,20 @@ class Runtime:
         return self.feed.static_shards(self.num_workers, self.start_step, self.total_steps,
                                        self.periodic, self.localize)
 
-    def shared_list(self, m: int, localize: bool = True) -> SharedList:
+    def shared_list(self, m: int, localize: bool = True,
+                    index=None) -> SharedList | ListOfIndices:
         """GBA's data list: M entries of ``B_a`` rows per global step, from the resumed step.
 
         With ``localize=False`` the entries are the batches as read (Persia's embedding workers
-        localize the ids they receive themselves)."""
+        localize the ids they receive themselves). Where the workers read their own data (the
+        roles in the Ray actors), the list is its indices only, from `index` (a shared server
+        with `supply.EntryIndex`'s ``next_entry``: GBA's PS0) or hosted where the roles share
+        it, and each worker reads the entries it gets."""
+        if not self.placement.data_here:
+            if index is None:
+                index = self.placement.host(EntryIndex, EntryIndex, self.start_step * m,
+                                            self.total_steps * m)
+            return ListOfIndices(index, m)
         return self.feed.shared_list(m, self.start_step, self.total_steps,
                                      self.localize if localize else None)
 
@@ -294,7 +303,8 @@ class Runtime:
                 raise KeyboardInterrupt  # a stop signal came while the run was being set up
             if virtual:
                 return run_virtual(roles, on_event)
-            place.warm(self.init_state.params, self.warm_batch)  # before the clock runs
+            place.warm(self.init_state.params, self.warm_batch,  # before the clock runs
+                       getattr(supply, "shares", True))
             group = ThreadGroup("recjax-rt")
             self.report.bind(group.stop)
             roles = [dataclasses.replace(r, role=self.report.wrap(r.role)) for r in roles]

@@ -66,10 +66,11 @@ class Placement(Protocol):
         """The async dense PS (`ps.DensePS`'s interface): in this process, or hosted in an
         actor when the workers' roles run in theirs (they call it directly)."""
 
-    def run_role(self, fn, worker, *args) -> Any:
+    def run_role(self, fn, worker, *args, lost=None) -> Any:
         """The role ``fn(rt, worker, *args)`` (a module-level generator function) as this
         process runs it: the generator itself, or the driver's side of it run in `worker`'s
-        actor (``ray_roles.remote_role``)."""
+        actor (``ray_roles.remote_role``), which calls ``lost(wid)`` if that actor's process
+        dies (where the role runs here, it sees the death itself: `clock.WorkerLost`)."""
 
     def worker(self, wid: int, supply, group: int | None = None, group_size: int = 1) -> Worker:
         """Worker `wid` (`worker.Worker`'s interface) taking batches from `supply`; `group`:
@@ -79,8 +80,10 @@ class Placement(Protocol):
         """``jax.jit(factory(ctx, *args))`` run in worker group `group`'s compute, called as
         `worker.LocalFn` is (``fn(*args)``, ``fn.timed(*args)``)."""
 
-    def warm(self, params: Any, batch: tuple) -> None:
-        """Compile the workers' compute on `batch` (localized, rows) before the clock runs."""
+    def warm(self, params: Any, batch: tuple, shares: bool = True) -> None:
+        """Compile the workers' compute on `batch` (localized, rows) before the clock runs;
+        `shares`: the supply gives each worker its own examples (the roles' processes then
+        keep theirs only)."""
 
     def check(self, now: bool = False) -> None:
         """Raise (`segments.StateLost`, or an ``OSError`` whose state is still whole) if a
@@ -135,7 +138,7 @@ class InProcess:
     def dense_ps(self, params, opt_state):
         return ps_lib.DensePS(params, opt_state, self.rt.dense_apply)
 
-    def run_role(self, fn, worker, *args):
+    def run_role(self, fn, worker, *args, lost=None):
         return fn(self.rt, worker, *args)
 
     def worker(self, wid, supply, group=None, group_size=1):
@@ -147,7 +150,7 @@ class InProcess:
             self._fns[key] = LocalFn(jax.jit(factory(self.rt, *args)))
         return self._fns[key]
 
-    def warm(self, params, batch):
+    def warm(self, params, batch, shares=True):
         pass  # the engine compiled this process's functions while it set up
 
     def check(self, now=False):

@@ -77,10 +77,12 @@ class RayPlacement:
                 raise with_latest(StateLost(f"the Ray actor of {cls.__name__} died as the next "
                                             "checkpoint interval began"),
                                   self.rt.cfg.train.out) from e
-        else:
-            handle = self.cluster.spawn(ray_wire._Host, factory, *args, concurrency=16,
+        else:  # a thread per worker beside 16: each may wait there (`ray_wire.RemoteSignal`)
+            handle = self.cluster.spawn(ray_wire._Host, factory, *args,
+                                        concurrency=16 + self.rt.num_workers,
                                         resource=self.rt.cfg.ray.ps_resource)
             self.cluster.watch(handle, f"the Ray actor of {cls.__name__}")
+        ray_backend._ray().get(handle.notify_on.remote(tuple(proxy.get("mutating", ()))))
         self.hosted.append((cls, handle))
         self.dense_on_actor = self.dense_on_actor or dense_grads
         return ray_wire.Hosted(handle, cls, **proxy)
@@ -111,9 +113,9 @@ class RayPlacement:
                              pick(opt_state, pdef, b), cfg.dense) for b in cut]
         return ray_dense.DenseShards(servers, cut, params, opt_state)
 
-    def run_role(self, fn, worker, *args):
+    def run_role(self, fn, worker, *args, lost=None):
         if self.in_actors:
-            return ray_roles.remote_role(fn, worker, *args)
+            return ray_roles.remote_role(fn, worker, *args, lost=lost)
         return fn(self.rt, worker, *args)
 
     def worker(self, wid, supply, group=None, group_size=1):
@@ -131,10 +133,10 @@ class RayPlacement:
             self._fns[key] = ray_workers.RemoteFn(self.groups, group, name, factory, args)
         return self._fns[key]
 
-    def warm(self, params, batch):
+    def warm(self, params, batch, shares=True):
         """Compile the groups' functions and (roles in the actors) open their data."""
         # (one worker per group with the roles in the actors: the group is the worker)
-        opening = [h.prepare.remote(g, self.rt.num_workers)
+        opening = [h.prepare.remote(g, self.rt.num_workers, shares)
                    for g, h in self.groups.handles.items()] if self.in_actors else []
         self.groups.warm_all(params, batch)
         ray_backend._ray().get(opening)

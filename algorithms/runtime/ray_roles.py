@@ -3,14 +3,18 @@
 Under ``--ray.roles driver`` a worker's role (``clock.py``'s generator) runs in a driver thread
 and every step is one call from there: the driver takes the batch, localizes it, pulls the
 dense params and applies the dense gradient, so its CPU grows with the steps of every worker.
-Here the same role function (the algorithm's own, e.g. `async_ps.worker_role`, unchanged) runs
-in the worker's actor, with that actor's versions of what the role touches:
+Here the same role function (the algorithm's own: `async_ps.worker_role`, `gba.worker_role`,
+unchanged) runs in the worker's actor, with that actor's versions of what the role touches:
 
-* the worker (`_ActorWorker`): its batches from its own shard of the data, read in the actor
-  (`supply.StaticShards` for this worker only); its rows pulled from and pushed to the shard
-  actors directly; its gradient computed there; a straggler's modelled slowdown slept there;
-* the servers the role shares with the other workers (the dense PS): hosted actors
-  (`placement.host`), called by the role through their `ray_wire.Hosted` proxy.
+* the worker (`ray_role_worker.RoleWorker`): its batches read in the actor (async:
+  `supply.StaticShards` for this worker only; GBA: the entries of the data list that PS0's
+  `supply.EntryIndex` hands it, `supply.EntryReader`); its rows pulled from and pushed to the
+  shard actors directly; its gradient computed there; a straggler's modelled slowdown slept
+  there;
+* the servers the role shares with the other workers (the dense PS, GBA's PS0 and its list):
+  hosted actors (`placement.host`), called by the role through their `ray_wire.Hosted`
+  proxy; a `Wait` on such a server's signal (GBA's gate of the mode) waits in the server's
+  actor (`ray_wire.RemoteSignal`), and a chunk may end while the role waits there.
 
 The driver's part is `remote_role`: it starts the role in the actor and then lets it run in
 chunks of ``ray.chunk_s`` seconds (`RoleServer.advance`), each ending where the role asks for its
@@ -34,18 +38,17 @@ links' byte counts are kept. The roles run in real time (no ``--deterministic``)
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 import time
 import types
 
 from algorithms.runtime import stragglers as stragglers_lib
-from algorithms.runtime.clock import Link, Work, WorkerLost
-from algorithms.runtime.ps import shard_bytes
+from algorithms.runtime.clock import Link, Wait, Work, WorkerLost
 from algorithms.runtime.ray_backend import _ray, parse_kill, sigkill
-from algorithms.runtime.ray_wire import pack_rows, unpack_rows, wire_rows
+from algorithms.runtime.ray_role_worker import Delta, RoleWorker
 from algorithms.runtime.ray_workers import ComputeServer
+from algorithms.runtime.watchdog import RoleStalledError
 
 
 def in_actors(cfg) -> bool:
@@ -74,13 +77,16 @@ def in_actors(cfg) -> bool:
 class _Gate:
     """Between the role's thread in the actor and the driver's `RoleServer.advance`: the role
     may take a batch while the chunk allows it (`enter`); `advance` returns when the role waits
-    at its next take after the chunk's steps or seconds, has ended, or a shard is down."""
+    at its next take after the chunk's steps or seconds, or is parked on a `Wait` (GBA's gate:
+    its previous step's push has landed, so the state is whole there too) after them, has
+    ended, or a shard is down."""
 
     def __init__(self):
         self.cond = threading.Condition()
         self.allowed = self.taken = 0  # batches the chunks allowed so far, and taken
         self.deadline = 0.0
-        self.waiting = self.done = self.stopped = False
+        self.waiting = self.parked = self.done = self.stopped = False
+        self.stop_event = threading.Event()  # `stopped`, for a wait elsewhere (a `Wait`'s)
         self.down: int | None = None  # a shard whose actor died under a request
         self.error: BaseException | None = None
 
@@ -102,9 +108,18 @@ class _Gate:
         with self.cond:
             self.allowed, self.deadline = self.taken + n, time.monotonic() + seconds
             self.cond.notify_all()
-            self.cond.wait_for(lambda: self.done or self.down is not None or (
-                self.waiting and (self.taken >= self.allowed
-                                  or time.monotonic() >= self.deadline)))
+            while not (self.done or self.down is not None or (
+                    (self.waiting or self.parked) and (self.taken >= self.allowed
+                                                       or time.monotonic() >= self.deadline))):
+                # parked, nothing wakes it at the deadline
+                self.cond.wait(max(self.deadline - time.monotonic(), 0) + 1e-3
+                               if self.parked else None)
+
+    def park(self, parked: bool) -> None:
+        """The role waits on a `Wait` (True), or no longer (False)."""
+        with self.cond:
+            self.parked = parked
+            self.cond.notify_all()
 
     def end(self, error: BaseException | None = None) -> None:
         with self.cond:
@@ -114,114 +129,8 @@ class _Gate:
     def stop(self) -> None:
         with self.cond:
             self.stopped = True
+            self.stop_event.set()
             self.cond.notify_all()
-
-
-class _Delta:
-    """A chunk's counters, taken by `RoleServer.advance` (the role's thread adds to them)."""
-
-    def __init__(self, shards: int):
-        self.lock = threading.Lock()
-        self.shards = shards
-        self.reset()
-
-    def reset(self) -> dict:
-        out = getattr(self, "d", None)
-        self.d = {"metrics": [], "indices": [], "measured": [], "iterations": 0, "rows_read": 0,
-                  "shard_bytes": [0] * self.shards, "pushes": [0] * self.shards,
-                  "link_bytes": collections.Counter()}
-        return out
-
-
-class _ActorWorker:
-    """`worker.Worker`'s interface in a worker actor (see the module docstring).
-
-    Args:
-      server: the actor (`RoleServer`): its jitted gradient and its gate.
-      wid: the worker.
-      supply: this worker's batches (`supply.StaticShards`).
-      shards: per PS shard ``(actor handle, table names, its restarts)`` (no handle: a shard
-        without tables).
-      draws: the run's straggler draws (`stragglers.parse`).
-      example_cost: modelled seconds per example (the `clock.Work` a role yields).
-    """
-
-    def __init__(self, server: RoleServer, wid: int, supply, shards: list, draws,
-                 example_cost: float, dims: dict):
-        self.server, self.wid, self.supply, self.draws = server, wid, supply, draws
-        self.handles = [h for h, _, _ in shards]
-        self.names = [names for _, names, _ in shards]
-        self.gen = [0] * len(shards)  # handles received (the role's view)
-        self.restarts = [r for _, _, r in shards]  # the driver's restart count of each shard
-        self.example_cost, self.dims = example_cost, dims
-        self.placement = {k: s for s, names in enumerate(self.names) for k in names}
-        self.links = [Link(f"emb-ps-{s}", float("inf")) for s in range(len(shards))]
-        self._read = 0
-
-    # -- the role's interface ----------------------------------------------------------------
-    def take(self):
-        item = self.supply.take(self.wid) if self.server.gate.enter() else None
-        reader = self.supply.data.readers.get(f"worker {self.wid}")
-        if reader is not None:
-            with self.server.delta.lock:
-                self.server.delta.d["rows_read"] += reader.rows - self._read
-            self._read = reader.rows
-        return item
-
-    def compute(self, params, item: tuple, it: int, coalesce: bool = False):
-        if coalesce:
-            raise NotImplementedError("roles in actors: a coalesced push (GBA's) is not ported")
-        _, (local, rows) = item
-        parts = {s: {k: rows[k] for k in names} for s, names in enumerate(self.names) if names}
-        wires = {s: wire_rows(p) for s, p in parts.items()}
-        pulled = self._each(lambda s: ("pull_rows", wires[s], True), parts)
-        minis = [unpack_rows(pulled[s], parts[s]) for s in sorted(parts)]
-        (m, secs), g, *per = self.server.compute(params, local, True, *minis)  # row sums
-        nbytes = shard_bytes(rows, self.placement, self.dims, len(self.names))
-        with self.server.delta.lock:
-            d = self.server.delta.d
-            d["metrics"].append(m)
-            d["indices"].append(item[0])
-            d["measured"].append(secs)
-            for s, b in enumerate(nbytes):
-                d["shard_bytes"][s] += b
-        sums = {s: pack_rows(per[s], parts[s]) for s in parts}
-        work = Work(self.example_cost * self.server.batch_size, self.draws.factor(self.wid, it),
-                    tuple((self.links[s], b) for s, b in enumerate(nbytes) if b), measured=secs)
-        return g, (wires, sums), work
-
-    def push(self, pending) -> None:
-        wires, sums = pending
-        self._each(lambda s: ("push_rows", wires[s], sums[s]), wires)
-        with self.server.delta.lock:
-            d = self.server.delta.d
-            for s in wires:
-                d["pushes"][s] += 1
-            d["iterations"] += 1
-
-    # -- the shards --------------------------------------------------------------------------
-    def _each(self, request, shards) -> dict:
-        """``{shard: result}`` of ``request(shard) = (method, *args)`` sent to every shard at
-        once; a shard whose actor died is reported to the driver (`_Gate.down`), which
-        restarts it and hands the new handle (`RoleServer.set_handles`); then it is asked
-        again."""
-        ray = _ray()
-        sent = {s: (self.gen[s], self._send(s, request)) for s in shards}
-        out = {}
-        for s, (gen, ref) in sent.items():
-            while True:
-                try:
-                    out[s] = ray.get(ref)
-                    break
-                except ray.exceptions.RayActorError:
-                    if not self.server.await_restart(s, gen):
-                        raise WorkerLost(f"stopped while PS shard {s} was down") from None
-                    gen, ref = self.gen[s], self._send(s, request)
-        return out
-
-    def _send(self, s: int, request):
-        method, *args = request(s)
-        return getattr(self.handles[s], method).remote(*args)
 
 
 class RoleServer(ComputeServer):
@@ -229,7 +138,7 @@ class RoleServer(ComputeServer):
 
     `start_role` builds the role with this actor's worker and starts it on a thread of its
     own, waiting at its first batch; `advance` runs one chunk; `stop_role` ends it where it
-    waits. Only one role per actor (one worker per group: async PS).
+    waits. Only one role per actor (one worker per group: async PS, GBA).
     """
 
     def __init__(self, cfg, spec, batch_size: int, shard_names: list[list[str]]):
@@ -237,28 +146,37 @@ class RoleServer(ComputeServer):
         self.cfg, self.batch_size = cfg, batch_size
         self._feed = self._feed_share = None
         self.gate = _Gate()
-        self.delta = _Delta(len(shard_names))
-        self.worker: _ActorWorker | None = None
+        self.delta = Delta(len(shard_names))
+        self.worker: RoleWorker | None = None
+        self._reported = 0  # the worker's iterations handed to the driver
         self._thread: threading.Thread | None = None
         self._supply = None
 
-    def start_role(self, fn, wid: int, workers: int, skip: int, quota: int, shards: list,
-                   dims: dict, dense_bytes: int, *args) -> None:
+    def start_role(self, fn, wid: int, workers: int, supply: tuple, shards: list, dims: dict,
+                   dense_bytes: int, *args) -> None:
         """Start ``fn(rt, worker, *args)`` (the algorithm's role function) for worker `wid`
-        of `workers`, on the batches ``skip ..`` of its shard, ``quota`` batches among all
-        workers (`supply.StaticShards`)."""
+        of `workers`, on the batches of its `supply` (the driver's supply's `actor_spec`):
+        ``("shards", workers, skip, quota)``, the batches ``skip ..`` of its shard, ``quota``
+        among all workers (`supply.StaticShards`); or ``("list", index, m)``, GBA's list
+        (`supply.EntryReader`), the entries' indices from `index`."""
         from algorithms.runtime.ps import localize
         from algorithms.runtime.supply import StaticShards
 
         self.stop_role()
-        self.prepare(wid, workers)
+        kind, *spec = supply
+        shares = kind == "shards"
+        self.prepare(wid, workers, shares)
         f, tc, layout = self._feed, self.cfg.train, self.layout
-        self._supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle, workers, skip,
-                                    quota, lambda b: localize(layout, b), f.depth)
+        if shares:
+            skip, quota = spec[1:]
+            self._supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle, workers,
+                                        skip, quota, lambda b: localize(layout, b), f.depth)
+        else:
+            self._supply = f.entries(*spec, lambda b: localize(layout, b))
         draws = stragglers_lib.parse(self.cfg.runtime.stragglers, workers, tc.seed)
-        self.gate, self.delta = _Gate(), _Delta(len(shards))
-        self.worker = _ActorWorker(self, wid, self._supply, shards, draws,
-                                   self.cfg.runtime.example_cost_us * 1e-6, dims)
+        self.gate, self.delta, self._reported = _Gate(), Delta(len(shards)), 0
+        self.worker = RoleWorker(self, wid, self._supply, shards, draws,
+                                 self.cfg.runtime.example_cost_us * 1e-6, dims)
         rt = types.SimpleNamespace(dense_bytes=dense_bytes,
                                    dense_link=Link("sync-ps", float("inf")))
         role = fn(rt, self.worker, *args)
@@ -266,19 +184,23 @@ class RoleServer(ComputeServer):
                                         name=f"recjax-role-w{wid}", daemon=True)
         self._thread.start()
 
-    def prepare(self, wid: int, workers: int) -> None:
+    def prepare(self, wid: int, workers: int, shares: bool = True) -> None:
         """Open the data in this process for worker `wid` of `workers` (synthetic data
-        generated and its share kept: `supply.Feed`), once for the run: the placement calls it
-        before the clock runs, as the driver opens its own data while the run sets up."""
+        generated and, when the workers' supply `shares` the data out, its share kept:
+        `supply.Feed`; GBA's list may hand any worker any entry), once for the run: the
+        placement calls it before the clock runs, as the driver opens its own data while the
+        run sets up."""
         from algorithms.runtime.supply import Feed
 
-        if self._feed is None or self._feed_share != (wid, workers):
-            self._feed, self._feed_share = None, (wid, workers)
-            self._feed = Feed(self.cfg, self.batch_size, share=(wid, workers))
+        share = (wid, workers) if shares else (0, 1)
+        if self._feed is None or self._feed_share != share:
+            self._feed, self._feed_share = None, share
+            self._feed = Feed(self.cfg, self.batch_size, share=share)
 
     def _drive(self, role) -> None:
-        """`clock._drive` in real time, for Work only: a straggler's slowdown slept here, the
-        links' bytes counted (not held: see the module docstring)."""
+        """`clock._drive` in real time, for Work and Wait: a straggler's slowdown slept here,
+        the links' bytes counted (not held: see the module docstring); a Wait on a hosted
+        server's signal waits in that server's actor (`ray_wire.RemoteSignal`)."""
         gate, value, error = self.gate, None, None
         try:
             while not gate.stopped:
@@ -287,9 +209,17 @@ class RoleServer(ComputeServer):
                     effect = role.send(value)
                 except StopIteration:
                     break
+                if isinstance(effect, Wait):
+                    gate.park(True)
+                    try:
+                        if not effect.signal.wait_for(effect.condition, gate.stop_event):
+                            break
+                    finally:
+                        gate.park(False)
+                    continue
                 if not isinstance(effect, Work):
-                    raise TypeError(f"a role in an actor yielded {effect!r}; only Work is "
-                                    "supported there")
+                    raise TypeError(f"a role in an actor yielded {effect!r}; only Work and "
+                                    "Wait are supported there")
                 took = time.perf_counter() - t0 if effect.measured is None else effect.measured
                 with self.delta.lock:
                     for link, nbytes in effect.transfers:
@@ -313,7 +243,10 @@ class RoleServer(ComputeServer):
         gate.chunk(n, seconds)
         with self.delta.lock:
             out = self.delta.reset()
-        return {**out, "done": gate.done, "down": gate.down, "error": gate.error}
+        done = self.worker.counters.iterations  # (counted by the worker, or by its role)
+        out["iterations"], self._reported = done - self._reported, done
+        return {**out, "done": gate.done, "down": gate.down, "error": gate.error,
+                "parked": gate.parked}
 
     def await_restart(self, shard: int, gen: int) -> bool:
         """The role's thread: shard `shard` died; wait for the driver's new handle (True) or
@@ -359,20 +292,23 @@ class ActorWorker:
         self.handle = rt.placement.groups.get(group, 1)
         self._reader = counted(rt.data, f"worker {wid}")
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
+        self.died = False  # its process died (not: its role raised)
+        self.idle = False  # the last chunk took no batch: the role waited on a Wait
 
     def start(self, fn, args: tuple) -> None:
         rt, sup = self.rt, self.supply
         shards = [(sh.handle if sh.names else None, list(sh.names), sh.generation)
                   for sh in rt.ps.shards]
         dims = {t.name: t.embedding_dim for t in rt.model.layout.tables}
-        self._call("start_role", fn, self.wid, sup.num_workers, sup.skip, sup.quota, shards,
-                   dims, rt.dense_bytes, *args)
+        self._call("start_role", fn, self.wid, rt.num_workers, sup.actor_spec(), shards, dims,
+                   rt.dense_bytes, *args)
 
     def _call(self, method: str, *args):
         ray = _ray()
         try:
             return ray.get(getattr(self.handle, method).remote(*args))
         except ray.exceptions.RayActorError as e:
+            self.died = True
             raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
 
     def advance(self) -> bool:
@@ -388,6 +324,7 @@ class ActorWorker:
         self._take(out)
         if out["error"] is not None:
             raise out["error"]
+        self.idle = out["parked"] and not out["metrics"]  # a chunk spent waiting on a Wait
         return out["done"]
 
     def _allowance(self) -> int:
@@ -428,13 +365,30 @@ class ActorWorker:
             ray.get(self.handle.stop_role.remote(), timeout=30)           # run's stop kills it
 
 
-def remote_role(fn, worker: ActorWorker, *args):
+def remote_role(fn, worker: ActorWorker, *args, lost=None):
     """The driver's role for a role run in `worker`'s actor: start ``fn(rt, worker, *args)``
     there, then one chunk per yield (a zero `Work`: the driver's interpreter, report and
-    watchdog see a step of progress per chunk) until it ends."""
+    watchdog see a step of progress per chunk) until it ends. If the actor's process dies,
+    ``lost(wid)`` says so to the servers the role shared (GBA's PS0 stops waiting for it), as
+    the role itself does when its worker's process dies under it in a driver thread."""
+    limit, since = worker.rt.cfg.runtime.watchdog_s, None
     worker.start(fn, args)
     try:
         while not worker.advance():
+            # A role parked on a Wait counts as stalled (watchdog.py); each chunk's yield is a
+            # heartbeat there, so the chunks spent waiting are counted here.
+            since = (since or time.monotonic()) if worker.idle else None
+            if since is not None and limit and time.monotonic() - since > limit:
+                raise RoleStalledError(
+                    f"role of worker {worker.wid} waited on a Wait in its Ray actor for "
+                    f"{time.monotonic() - since:.1f} s (runtime.watchdog_s={limit:g}): waiting "
+                    "that long on another role is a hang of that one (a lost process, a "
+                    "lock); the run stopped (with --out: checkpointed), or raise "
+                    "--runtime.watchdog_s if that role is only slow")
             yield Work()
+    except WorkerLost:
+        if lost is not None and worker.died:
+            lost(worker.wid)
+        raise
     finally:
         worker.stop()

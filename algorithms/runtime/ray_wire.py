@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import threading
+import time
 from typing import Any
 
 import jax
@@ -108,28 +111,100 @@ def unpack_sums(part: dict, rows: dict) -> dict:
 
 # -- hosted servers -----------------------------------------------------------------------------
 class _Host:
-    """The actor body of `host`: an object built by `factory`, called by method name."""
+    """The actor body of `host`: an object built by `factory`, called by method name.
+
+    After a call of one of its `mutating` methods (`notify_on`) the host's generation moves on
+    and wakes `wait_until`: a role in another actor waits here, not by asking again and again
+    (`RemoteSignal`)."""
 
     def __init__(self, factory, *args):
+        self.cond = threading.Condition()
+        self.generation = 0
+        self.mutating: frozenset = frozenset()
         self.obj = factory(*args)
 
     def rebuild(self, factory, *args) -> None:
         """Replace the object (the next checkpoint interval's server, in the same process)."""
         self.obj = None
         self.obj = factory(*args)
+        self._moved()
+
+    def notify_on(self, names) -> None:
+        """The methods after whose calls `wait_until`'s conditions are checked again."""
+        self.mutating = frozenset(names)
 
     def call(self, method: str, *args) -> Any:
         """The method's result, its jax arrays as numpy: Ray pickles a jax array through
         ``ArrayImpl.__reduce__``, on the 2-core box 6.5-7.5 ms of CPU to return dlrm_kaggle's
         2 MB of dense params (GBA's PS0's) against 3.8-4.0 ms as numpy
         (docs/performance.md)."""
-        return jax.device_get(getattr(self.obj, method)(*resolve(args)))
+        out = jax.device_get(getattr(self.obj, method)(*resolve(args)))
+        if method in self.mutating:
+            self._moved()
+        return out
+
+    def wait_until(self, method: str, args: tuple, timeout: float) -> bool:
+        """Whether ``obj.method(*args)`` holds, waiting up to `timeout` seconds for a mutating
+        call to make it hold (a `clock.Wait` of a role in another actor, `RemoteSignal`). The
+        condition is checked under the host's lock, which every mutating call takes after its
+        write, so a write that makes it true cannot be missed (`clock.Signal.wait_for`)."""
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not getattr(self.obj, method)(*args):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def _moved(self) -> None:
+        with self.cond:
+            self.generation += 1
+            self.cond.notify_all()
 
     def attr(self, name: str) -> Any:
         return getattr(self.obj, name)
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class RemoteSignal:
+    """A hosted server's `clock.Signal` as a role in another actor (``ray_roles.py``) holds
+    it: `wait_for` a condition that is one of the server's methods, bound to its arguments
+    (``functools.partial(server.may_start, wid)``), waits in the server's actor
+    (`_Host.wait_until`), woken by the server's own writes: one call per wait (of at most
+    ``poll_s``, then the role's `stop` is looked at), not one per check. `notify` is the
+    host's: it notifies after every mutating call, whoever made it."""
+
+    poll_s = 0.2
+
+    def __init__(self, handle, server: str):
+        self.handle, self.server = handle, server
+        self.generation = 0  # (read by the virtual clock only, which never runs in an actor)
+
+    def notify(self) -> None:
+        pass
+
+    def wait_for(self, condition, stop: threading.Event) -> bool:
+        """Block until ``condition()`` (True) or `stop` is set (False).
+
+        Raises:
+          TypeError: a condition that is not a method of this server bound to arguments.
+        """
+        func = getattr(condition, "func", None)
+        if not (isinstance(condition, functools.partial) and isinstance(func, _Method)
+                and not condition.keywords
+                and func.proxy._handle._actor_id == self.handle._actor_id):
+            raise TypeError(f"a role in a Ray actor waits on {self.server}'s signal for "
+                            f"{condition!r}: such a Wait's condition must be one of "
+                            f"{self.server}'s methods bound to its arguments "
+                            "(functools.partial(server.method, *args)), which its actor checks")
+        ray = _ray()
+        while not stop.is_set():
+            if ray.get(self.handle.wait_until.remote(func.name, condition.args, self.poll_s)):
+                return True
+        return False
 
 
 class Hosted:
@@ -150,31 +225,19 @@ class Hosted:
 
     def __reduce__(self):
         """To another actor (a role run there, `ray_roles`): the same calls, without the
-        attributes kept in this process (`local`, a signal of its threads)."""
-        return Hosted, (self._handle, self._cls, None, (), self._by_ref)
+        attributes kept in this process; its signal there is a `RemoteSignal`, and results
+        come as values (a reference only saves the driver a hop)."""
+        local = ({"signal": RemoteSignal(self._handle, self._cls.__name__)}
+                 if "signal" in self._local else None)
+        return Hosted, (self._handle, self._cls, local)
 
     def __getattr__(self, name: str) -> Any:
-        ray = _ray()
         if name in self._local:
             return self._local[name]
         if not callable(getattr(self._cls, name, None)):
             with self._lost():
-                return ray.get(self._handle.attr.remote(name))
-
-        def method(*args):
-            args = tuple(host_value(a) if not isinstance(a, ShardGrads) and not
-                         dataclasses.is_dataclass(a) else a for a in args)
-            if name in self._by_ref:
-                out = tuple(self._handle.call.options(num_returns=self._by_ref[name]).remote(
-                    name, *args))
-            else:
-                with self._lost():
-                    out = ray.get(self._handle.call.remote(name, *args))
-            if name in self._mutating and "signal" in self._local:
-                self._local["signal"].notify()
-            return out
-
-        return method
+                return _ray().get(self._handle.attr.remote(name))
+        return _Method(self, name)
 
     @contextlib.contextmanager
     def _lost(self):
@@ -189,3 +252,26 @@ class Hosted:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{self._cls.__name__} lives in a Ray actor; set {name} through "
                              "one of its methods")
+
+
+class _Method:
+    """A method of a `Hosted` server: a blocking call to its actor (see `Hosted`)."""
+
+    def __init__(self, proxy: Hosted, name: str):
+        self.proxy, self.name = proxy, name
+
+    def __call__(self, *args):
+        h, name = self.proxy, self.name
+        args = tuple(host_value(a) if not isinstance(a, ShardGrads) and not
+                     dataclasses.is_dataclass(a) else a for a in args)
+        if name in h._by_ref:
+            out = tuple(h._handle.call.options(num_returns=h._by_ref[name]).remote(name, *args))
+        else:
+            with h._lost():
+                out = _ray().get(h._handle.call.remote(name, *args))
+        if name in h._mutating and "signal" in h._local:
+            h._local["signal"].notify()
+        return out
+
+    def __repr__(self) -> str:
+        return f"<{self.proxy._cls.__name__}.{self.name} in a Ray actor>"

@@ -13,6 +13,11 @@ that worker), safe to call from any role's thread, and ``close()``.
   examples of one global step of a `single` or `sync` run, which is what makes the sync <-> GBA
   hand-over through one checkpoint continue on the same data.
 
+With the roles in the Ray actors (``ray_roles.py``) a worker's process reads its own batches:
+`StaticShards` for that worker only, or GBA's list as `EntryIndex` (PS0's list of indices)
+and `EntryReader` (entry i's batch read in the worker's
+process).
+
 Batches come out *localized* for the embedding PS (`ps.localize`: ids remapped to the rows a
 batch touches), prepared ahead on a `recjax.concurrency.Prefetcher` thread (inline in
 deterministic runs). `Feed` is a run's data and cuts both supplies from it.
@@ -24,10 +29,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from recjax.batch import to_batch
 from recjax.concurrency import Prefetcher
 from recjax.config import Config
 from recjax.data.pipeline import batches, cached, first_batches
-from recjax.data.seek import Counted, epoch_batches
+from recjax.data.seek import Counted, epoch_batches, position_batches, seekable
 from recjax.data.shard_cache import ShardCache
 from recjax.data.synthetic import SyntheticSource
 from recjax.train.data import RunData, open_data, train_shuffle_buffer
@@ -74,6 +80,12 @@ class Feed:
                     pass
         self.steps_per_epoch = self.data.train_rows // cfg.train.batch_size
         self.depth = 0 if cfg.train.deterministic else cfg.data.prefetch  # batches made ahead
+
+    def entries(self, index, m: int, localize: Callable[[Any], Any]) -> EntryReader:
+        """GBA's data list read here by entry index (`EntryReader`), the indices from
+        `index` (a shared server with `EntryIndex`'s ``next_entry``: PS0)."""
+        return EntryReader(self.data, self.batch_size, self.steps_per_epoch * m,
+                           self.cfg.train.seed, self.shuffle, index, localize)
 
     def first(self, n: int) -> list:
         """The first `n` (at least one) worker batches of the run's example order, as read
@@ -134,6 +146,12 @@ class StaticShards:
         self._transform, self._depth = transform, depth
         self._streams: dict[int, Prefetcher] = {}
         self._taken = [0] * num_workers
+
+    shares = True  # worker w reads only its own examples
+
+    def actor_spec(self) -> tuple:
+        """How a worker's own process makes its part of this supply (``ray_roles.py``)."""
+        return "shards", self.num_workers, self.skip, self.quota
 
     def _gen(self, wid: int) -> Iterator:
         source = counted(self.data, f"worker {wid}")  # its reads
@@ -224,6 +242,8 @@ class SharedList:
                                  f"{skip + 1} batches of {self.batch_size} rows; lower "
                                  "--batch-size or --gba.local_batch_size")
 
+    shares = False  # any worker may take any entry
+
     @property
     def handed_out(self) -> int:
         """Entries handed out so far in this run."""
@@ -240,3 +260,105 @@ class SharedList:
 
     def close(self) -> None:
         self._stream.close()
+
+
+class EntryIndex:
+    """GBA's data list as indices only, ``[start, stop)`` to whoever asks first: PS0's list
+    (Su et al. 2022 App. B Alg. 2 hands out the entries and their tokens; `gba.GbaServer`
+    holds one) with the roles in the Ray actors; each worker's process reads the entries it
+    gets itself (`EntryReader`). The same entries `SharedList` hands out."""
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop, self._next = start, stop, start
+        self._lock = threading.Lock()
+
+    def next_entry(self) -> int | None:
+        """The next entry's index, or None when the list is exhausted."""
+        with self._lock:
+            if self._next >= self.stop:
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def handed_out(self) -> int:
+        return self._next - self.start
+
+
+class ListOfIndices:
+    """The driver's side of GBA's list with the roles in the actors: the shared server with
+    `EntryIndex`'s ``next_entry`` (`index`: PS0) the worker actors take from; nothing is read
+    here."""
+
+    shares = False
+
+    def __init__(self, index, m: int):
+        self.index, self.m = index, m
+
+    def actor_spec(self) -> tuple:
+        return "list", self.index, self.m
+
+    def take(self, wid: int = 0):
+        raise RuntimeError("GBA's list with the roles in the actors is read by the workers' "
+                           "processes (EntryReader), not here")
+
+    def close(self) -> None:
+        pass
+
+
+class EntryReader:
+    """Entries of GBA's data list read in a worker's own process, by index (`EntryIndex`): entry
+    i is batch ``i mod per_epoch`` of epoch ``i // per_epoch``, as `SharedList` cuts it. A
+    worker's entries come in increasing order; from a source that seeks (`seekable`: in memory,
+    or a Parquet dataset) the batches between them are computed as positions only
+    (`position_batches`) and entry i's examples read by position, so a worker reads its own
+    entries' examples, not the whole list's; another source is read through the entries
+    between. Not prefetched: the next entry is known only when the worker asks for it.
+
+    Args:
+      data, batch_size, per_epoch, seed, buffer: as `SharedList`'s.
+      index: a shared server with `EntryIndex`'s ``next_entry`` (GBA's PS0).
+      transform: applied to each batch (`ps.localize`).
+    """
+
+    shares = False
+
+    def __init__(self, data: RunData, batch_size: int, per_epoch: int, seed: int, buffer: int,
+                 index, transform: Callable[[Any], Any]):
+        if per_epoch < 1:
+            raise ValueError(f"the training data holds less than one global batch of "
+                             f"{batch_size} x M rows; lower --batch-size")
+        self.data, self.batch_size, self.per_epoch = data, batch_size, per_epoch
+        self.seed, self.buffer, self.index, self._transform = seed, buffer, index, transform
+        self._epoch, self._pos, self._stream = -1, 0, iter(())
+        self._source: Counted | None = None
+
+    def take(self, wid: int = 0) -> tuple[int, Any] | None:
+        """The next entry ``(index, localized batch)`` of the list, or None when it is done."""
+        i = self.index.next_entry()
+        if i is None:
+            return None
+        if self._source is None:
+            self._source = counted(self.data, f"worker {wid}")  # its reads
+        return i, self._transform(self._batch(i))
+
+    def _batch(self, i: int):
+        src = self._source
+        epoch, pos = divmod(i, self.per_epoch)
+        order = dict(seed=self.seed, epoch=epoch, shuffle_buffer=self.buffer,
+                     keep=self.data.keep_train)
+        if epoch != self._epoch or pos < self._pos:  # a new epoch (or a resumed list)
+            self._epoch, self._pos = epoch, 0
+            self._stream = (position_batches(src, self.batch_size, **order) if seekable(src)
+                            else (b for b, _ in batches(src, self.batch_size,
+                                                        drop_remainder=True, **order)))
+        for _ in range(pos - self._pos):  # other workers' entries: positions only, if it seeks
+            next(self._stream, None)
+        got, self._pos = next(self._stream, None), pos + 1
+        if got is None:
+            raise ValueError(f"epoch {epoch} of the training data holds fewer than {pos + 1} "
+                             f"batches of {self.batch_size} rows; lower --batch-size or "
+                             "--gba.local_batch_size")
+        return to_batch(src.take_rows(got))[0] if seekable(src) else got
+
+    def close(self) -> None:
+        pass

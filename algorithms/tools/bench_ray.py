@@ -89,6 +89,19 @@ def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers:
         ray=dataclasses.replace(c.ray, snapshot_every=1_000_000, roles=roles))
 
 
+def gba_serial_config(backend: str, workers: int, steps: int, batch: int,
+                      stragglers: str = "none", model: str = "dlrm_kaggle", seed: int = 0,
+                      roles: str = "auto"):
+    """`bench_config` as GBA's own mode runs it (``--serial --serial-algo gba``): `workers`
+    workers of `batch` rows, M = N = `workers` (a global step is one entry per worker), `steps`
+    worker steps (data-list entries) in all."""
+    c = bench_config(backend, workers, steps, batch, stragglers, model, seed, roles)
+    return dataclasses.replace(
+        c, train=dataclasses.replace(c.train, algo="gba", steps=steps // workers,
+                                     batch_size=batch * workers),
+        gba=dataclasses.replace(c.gba, mode="gba", workers=workers, local_batch_size=batch))
+
+
 def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
                 roles: str = "auto"):
     """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5).
@@ -507,6 +520,8 @@ def main(argv=None) -> int:
     p.add_argument("--serial", action="store_true",
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
                         "(bench_ray_serial.py)")
+    p.add_argument("--serial-algo", default="async", choices=("async", "gba"),
+                   help="--serial: the algorithm (gba: its own mode, M = N = the workers)")
     p.add_argument("--serial-workers", default="1,16",
                    help="--serial: the worker counts (the criteria compare the fewest and the "
                         "most; the driver's CPU is judged at each)")
@@ -533,8 +548,10 @@ def main(argv=None) -> int:
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
-        rows = bench_serial(bench_config, a.repeats, roles=tuple(a.roles.split(",")),
-                            workers=tuple(int(w) for w in a.serial_workers.split(",")))
+        config = gba_serial_config if a.serial_algo == "gba" else bench_config
+        rows = [{"algo": a.serial_algo, **r} for r in bench_serial(
+            config, a.repeats, roles=tuple(a.roles.split(",")),
+            workers=tuple(int(w) for w in a.serial_workers.split(",")))]
     elif a.cpu:
         rows = [bench_cpu(a.repeats, a.steps, a.batch_size)]
     elif a.memory:

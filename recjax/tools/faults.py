@@ -249,11 +249,12 @@ def _ray_case(name, p, mark, out, log, timeout) -> dict:
         hits = [q for q, cmd in procs.items() if RAY_VICTIMS[name] in cmd]
         cmds = " ".join(procs.values())
         if name == "gcs_setup":  # its shards started, its workers not yet: setup
-            if hits and "ShardServer" in cmds and "ComputeServer" not in cmds:
+            if (hits and "ShardServer" in cmds and "ComputeServer" not in cmds
+                    and "RoleServer" not in cmds):
                 before, victim = committed(out), hits[0]
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(victim, signal.SIGKILL)
-        elif hits and "ComputeServer" in cmds:
+        elif hits and ("ComputeServer" in cmds or "RoleServer" in cmds):  # workers up
             size = metrics.stat().st_size if metrics.exists() else 0
             while (metrics.exists() and metrics.stat().st_size == size
                    and p.poll() is None and time.monotonic() - t0 < timeout):

@@ -1,0 +1,131 @@
+"""The worker a role run in its Ray worker actor sees (``--ray.roles actors``, ``ray_roles.py``).
+
+`RoleWorker` is `worker.Worker`'s interface in the actor: batches from the worker's own supply
+read there (``supply.py``: its `StaticShards`, or GBA's list by entry index), rows pulled from
+and pushed to the PS shard actors directly, gradients computed in the actor
+(`ray_workers.ComputeServer`), and the chunk's counters (`Delta`) that the driver takes per
+chunk (`ray_roles.RoleServer.advance`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import types
+
+from algorithms.runtime.clock import Link, Work, WorkerLost
+from algorithms.runtime.ps import shard_bytes
+from algorithms.runtime.ray_backend import _ray
+from algorithms.runtime.ray_wire import pack_rows, unpack_rows, wire_rows
+
+
+class Delta:
+    """A chunk's counters, taken by `RoleServer.advance` (the role's thread adds to them)."""
+
+    def __init__(self, shards: int):
+        self.lock = threading.Lock()
+        self.shards = shards
+        self.reset()
+
+    def reset(self) -> dict:
+        out = getattr(self, "d", None)
+        self.d = {"metrics": [], "indices": [], "measured": [], "rows_read": 0,
+                  "shard_bytes": [0] * self.shards, "pushes": [0] * self.shards,
+                  "link_bytes": collections.Counter()}
+        return out
+
+
+class RoleWorker:
+    """`worker.Worker`'s interface in a worker actor (see the module docstring).
+
+    Args:
+      server: the actor (`RoleServer`): its jitted gradient and its gate.
+      wid: the worker.
+      supply: this worker's batches (`supply.StaticShards`).
+      shards: per PS shard ``(actor handle, table names, its restarts)`` (no handle: a shard
+        without tables).
+      draws: the run's straggler draws (`stragglers.parse`).
+      example_cost: modelled seconds per example (the `clock.Work` a role yields).
+    """
+
+    def __init__(self, server, wid: int, supply, shards: list, draws,
+                 example_cost: float, dims: dict):
+        self.server, self.wid, self.supply, self.draws = server, wid, supply, draws
+        self.handles = [h for h, _, _ in shards]
+        self.names = [names for _, names, _ in shards]
+        self.gen = [0] * len(shards)  # handles received (the role's view)
+        self.restarts = [r for _, _, r in shards]  # the driver's restart count of each shard
+        self.example_cost, self.dims = example_cost, dims
+        self.placement = {k: s for s, names in enumerate(self.names) for k in names}
+        self.links = [Link(f"emb-ps-{s}", float("inf")) for s in range(len(shards))]
+        self._read = 0
+        self.counters = types.SimpleNamespace(iterations=0)  # steps done (a role may count)
+
+    # -- the role's interface ----------------------------------------------------------------
+    def take(self):
+        item = self.supply.take(self.wid) if self.server.gate.enter() else None
+        reader = self.supply.data.readers.get(f"worker {self.wid}")
+        if reader is not None:
+            with self.server.delta.lock:
+                self.server.delta.d["rows_read"] += reader.rows - self._read
+            self._read = reader.rows
+        return item
+
+    def compute(self, params, item: tuple, it: int, coalesce: bool = False):
+        """Pull the batch's rows from the shards, compute; the pending push is the rows'
+        sums per shard, or with `coalesce` (GBA, whose PS0 aggregates them) ``(rows, sums)``
+        for the role to hand on: every table's padded rows and its real rows' sums
+        (`pack_rows`, as a worker group's actor hands them on under driver roles)."""
+        _, (local, rows) = item
+        parts = {s: {k: rows[k] for k in names} for s, names in enumerate(self.names) if names}
+        wires = {s: wire_rows(p) for s, p in parts.items()}
+        pulled = self._each(lambda s: ("pull_rows", wires[s], True), parts)
+        minis = [unpack_rows(pulled[s], parts[s]) for s in sorted(parts)]
+        (m, secs), g, *per = self.server.compute(params, local, True, *minis)  # row sums
+        nbytes = shard_bytes(rows, self.placement, self.dims, len(self.names))
+        with self.server.delta.lock:
+            d = self.server.delta.d
+            d["metrics"].append(m)
+            d["indices"].append(item[0])
+            d["measured"].append(secs)
+            for s, b in enumerate(nbytes):
+                d["shard_bytes"][s] += b
+        sums = {s: pack_rows(per[s], parts[s]) for s in parts}
+        work = Work(self.example_cost * self.server.batch_size, self.draws.factor(self.wid, it),
+                    tuple((self.links[s], b) for s, b in enumerate(nbytes) if b), measured=secs)
+        if coalesce:
+            return g, (rows, {k: v for part in sums.values() for k, v in part.items()}), work
+        return g, (wires, sums), work
+
+    def push(self, pending) -> None:
+        wires, sums = pending
+        self._each(lambda s: ("push_rows", wires[s], sums[s]), wires)
+        with self.server.delta.lock:
+            d = self.server.delta.d
+            for s in wires:
+                d["pushes"][s] += 1
+        self.counters.iterations += 1
+
+    # -- the shards --------------------------------------------------------------------------
+    def _each(self, request, shards) -> dict:
+        """``{shard: result}`` of ``request(shard) = (method, *args)`` sent to every shard at
+        once; a shard whose actor died is reported to the driver (`_Gate.down`), which
+        restarts it and hands the new handle (`RoleServer.set_handles`); then it is asked
+        again."""
+        ray = _ray()
+        sent = {s: (self.gen[s], self._send(s, request)) for s in shards}
+        out = {}
+        for s, (gen, ref) in sent.items():
+            while True:
+                try:
+                    out[s] = ray.get(ref)
+                    break
+                except ray.exceptions.RayActorError:
+                    if not self.server.await_restart(s, gen):
+                        raise WorkerLost(f"stopped while PS shard {s} was down") from None
+                    gen, ref = self.gen[s], self._send(s, request)
+        return out
+
+    def _send(self, s: int, request):
+        method, *args = request(s)
+        return getattr(self.handles[s], method).remote(*args)
