@@ -96,3 +96,18 @@ def test_sampling_counts_the_driver_and_its_children():
     # the driver: the main thread's 0.3 s and little else
     assert 0.28 <= got["driver"] <= 0.45
     assert 0.38 <= got["tree"] - got["driver"] <= 0.6  # the child's 0.4 s (and its start)
+
+
+@pytest.mark.parametrize("workers", [1, 16])
+def test_gba_serial_config_counts_worker_steps_as_data_list_entries(workers):
+    """``--serial-algo gba``: W workers of B_a rows, M = N = W, and `steps` worker steps in all
+    (train.steps global steps of M entries each), so S_W counts what async's counts."""
+    from algorithms import gba
+    from algorithms.tools.bench_ray import gba_serial_config
+
+    cfg = gba_serial_config("ray", workers, 24 * workers, 512, "slow:k=1,factor=50",
+                            model="default", roles="actors")
+    p = gba.plan(cfg)
+    assert (p.mode, p.workers, p.m, p.local_batch) == ("gba", workers, workers, 512)
+    assert cfg.train.steps * p.m == 24 * workers and cfg.ray.roles == "actors"
+    assert cfg.runtime.stragglers == "slow:k=1,factor=50"
