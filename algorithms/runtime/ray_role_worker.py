@@ -41,7 +41,7 @@ class RoleWorker:
     Args:
       server: the actor (`RoleServer`): its jitted gradient and its gate.
       wid: the worker.
-      supply: this worker's batches (`supply.StaticShards`).
+      supply: this worker's batches (`supply.StaticShards`, or GBA's `supply.EntryReader`).
       shards: per PS shard ``(actor handle, table names, its restarts)`` (no handle: a shard
         without tables).
       draws: the run's straggler draws (`stragglers.parse`).

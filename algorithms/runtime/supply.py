@@ -15,8 +15,7 @@ that worker), safe to call from any role's thread, and ``close()``.
 
 With the roles in the Ray actors (``ray_roles.py``) a worker's process reads its own batches:
 `StaticShards` for that worker only, or GBA's list as `EntryIndex` (PS0's list of indices)
-and `EntryReader` (entry i's batch read in the worker's
-process).
+and `EntryReader` (entry i's batch read in the worker's process).
 
 Batches come out *localized* for the embedding PS (`ps.localize`: ids remapped to the rows a
 batch touches), prepared ahead on a `recjax.concurrency.Prefetcher` thread (inline in
