@@ -58,3 +58,15 @@ def spy_blocks(monkeypatch, source_cls) -> list[bool]:
 
     monkeypatch.setattr(source_cls, "convert_block", spy)
     return calls
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray instance (2 CPUs) for a test module's Ray tests (tests/test_ray_*.py): a
+    run that finds Ray running kills only its own actors."""
+    from algorithms.runtime import ray_backend
+    from recjax.config import RayConfig
+
+    c = ray_backend.Cluster(RayConfig(num_cpus=2))
+    yield c
+    c.stop()

@@ -3,9 +3,10 @@ ray_workers.py): the same roles with PS shards, worker groups and the algorithms
 actor processes.
 
 Every test that starts Ray is marked slow (``make test-all``, CI: 64 s for the first one
-under load, Ray's start and the actors' JAX imports). Most tests share one local Ray instance (the
-module fixture; a run that finds Ray running kills only its own actors). The CLI's own
-instance and what is left of it after a run: tests/test_ray_processes.py.
+under load, Ray's start and the actors' JAX imports). Most tests share one local Ray instance
+(the module fixture `cluster`, tests/conftest.py; a run that finds Ray running kills only its
+own actors). The CLI's own instance and what is left of it after a run:
+tests/test_ray_processes.py.
 """
 
 import dataclasses
@@ -31,13 +32,6 @@ from tests.runtime_util import (  # noqa: E402
     small_cfg,
     worker_batches,
 )
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = ray_backend.Cluster(RayConfig(num_cpus=2))
-    yield c
-    c.stop()
 
 
 def test_parse_kill():

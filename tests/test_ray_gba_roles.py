@@ -14,8 +14,6 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from algorithms import gba  # noqa: E402
-from algorithms.runtime import ray_backend  # noqa: E402
-from recjax.config import RayConfig  # noqa: E402
 from tests.runtime_util import (  # noqa: E402
     assert_trees,
     on_ray,
@@ -23,13 +21,6 @@ from tests.runtime_util import (  # noqa: E402
     small_cfg,
     worker_batches,
 )
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = ray_backend.Cluster(RayConfig(num_cpus=2))
-    yield c
-    c.stop()
 
 
 @pytest.mark.slow

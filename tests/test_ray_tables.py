@@ -14,10 +14,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from algorithms import async_ps  # noqa: E402
-from algorithms.runtime import ray_backend, ray_ps  # noqa: E402
+from algorithms.runtime import ray_ps  # noqa: E402
 from recjax import checkpoint_parts  # noqa: E402
 from recjax.checkpoint import Checkpointer  # noqa: E402
-from recjax.config import RayConfig  # noqa: E402
 from tests.runtime_util import (  # noqa: E402
     assert_trees,
     on_ray,
@@ -26,13 +25,6 @@ from tests.runtime_util import (  # noqa: E402
     small_cfg,
     worker_batches,
 )
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = ray_backend.Cluster(RayConfig(num_cpus=2))
-    yield c
-    c.stop()
 
 
 @pytest.mark.slow

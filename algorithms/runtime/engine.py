@@ -52,7 +52,7 @@ from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import Link, RoleSpec, Schedule, run_threaded, run_virtual
 from algorithms.runtime.placement import choose
 from algorithms.runtime.segments import Abandoned, StateLost, stoppable
-from algorithms.runtime.supply import EntryIndex, Feed, ListOfIndices, SharedList, StaticShards
+from algorithms.runtime.supply import Feed, ListOfIndices, SharedList, StaticShards
 from algorithms.runtime.watchdog import Watchdog
 from algorithms.runtime.worker import Worker, make_grads, mini_layout, with_vocab
 from recjax.concurrency import ThreadGroup
@@ -217,12 +217,17 @@ class Runtime:
         With ``localize=False`` the entries are the batches as read (Persia's embedding workers
         localize the ids they receive themselves). Where the workers read their own data (the
         roles in the Ray actors), the list is its indices only, from `index` (a shared server
-        with `supply.EntryIndex`'s ``next_entry``: GBA's PS0) or hosted where the roles share
-        it, and each worker reads the entries it gets."""
+        with `supply.EntryIndex`'s ``next_entry``: GBA's PS0), and each worker reads the
+        entries it gets.
+
+        Raises:
+          ValueError: the workers read their own data and no `index` serves them.
+        """
         if not self.placement.data_here:
             if index is None:
-                index = self.placement.host(EntryIndex, EntryIndex, self.start_step * m,
-                                            self.total_steps * m)
+                raise ValueError("the workers read their own data here (their roles run in "
+                                 "their Ray actors): the data list needs a shared server that "
+                                 "hands out its indices (index=, GBA's PS0)")
             return ListOfIndices(index, m)
         return self.feed.shared_list(m, self.start_step, self.total_steps,
                                      self.localize if localize else None)

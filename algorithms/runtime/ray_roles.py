@@ -85,8 +85,8 @@ class _Gate:
         self.cond = threading.Condition()
         self.allowed = self.taken = 0  # batches the chunks allowed so far, and taken
         self.deadline = 0.0
-        self.waiting = self.parked = self.done = self.stopped = False
-        self.stop_event = threading.Event()  # `stopped`, for a wait elsewhere (a `Wait`'s)
+        self.waiting = self.parked = self.done = False
+        self.stop_event = threading.Event()  # also read by a wait elsewhere (a `Wait`'s)
         self.down: int | None = None  # a shard whose actor died under a request
         self.error: BaseException | None = None
 
@@ -126,9 +126,12 @@ class _Gate:
             self.done, self.error = True, error
             self.cond.notify_all()
 
+    @property
+    def stopped(self) -> bool:
+        return self.stop_event.is_set()
+
     def stop(self) -> None:
         with self.cond:
-            self.stopped = True
             self.stop_event.set()
             self.cond.notify_all()
 

@@ -113,13 +113,11 @@ def unpack_sums(part: dict, rows: dict) -> dict:
 class _Host:
     """The actor body of `host`: an object built by `factory`, called by method name.
 
-    After a call of one of its `mutating` methods (`notify_on`) the host's generation moves on
-    and wakes `wait_until`: a role in another actor waits here, not by asking again and again
-    (`RemoteSignal`)."""
+    A call of one of its `mutating` methods (`notify_on`) wakes `wait_until`: a role in another
+    actor waits here, not by asking again and again (`RemoteSignal`)."""
 
     def __init__(self, factory, *args):
         self.cond = threading.Condition()
-        self.generation = 0
         self.mutating: frozenset = frozenset()
         self.obj = factory(*args)
 
@@ -127,7 +125,7 @@ class _Host:
         """Replace the object (the next checkpoint interval's server, in the same process)."""
         self.obj = None
         self.obj = factory(*args)
-        self._moved()
+        self._wake()
 
     def notify_on(self, names) -> None:
         """The methods after whose calls `wait_until`'s conditions are checked again."""
@@ -140,7 +138,7 @@ class _Host:
         (docs/performance.md)."""
         out = jax.device_get(getattr(self.obj, method)(*resolve(args)))
         if method in self.mutating:
-            self._moved()
+            self._wake()
         return out
 
     def wait_until(self, method: str, args: tuple, timeout: float) -> bool:
@@ -157,9 +155,8 @@ class _Host:
                 self.cond.wait(left)
             return True
 
-    def _moved(self) -> None:
+    def _wake(self) -> None:
         with self.cond:
-            self.generation += 1
             self.cond.notify_all()
 
     def attr(self, name: str) -> Any:

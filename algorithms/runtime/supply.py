@@ -330,6 +330,7 @@ class EntryReader:
         self.seed, self.buffer, self.index, self._transform = seed, buffer, index, transform
         self._epoch, self._pos, self._stream = -1, 0, iter(())
         self._source: Counted | None = None
+        self._seeks = False  # (the source's: whether entries are read by position)
 
     def take(self, wid: int = 0) -> tuple[int, Any] | None:
         """The next entry ``(index, localized batch)`` of the list, or None when it is done."""
@@ -338,6 +339,7 @@ class EntryReader:
             return None
         if self._source is None:
             self._source = counted(self.data, f"worker {wid}")  # its reads
+            self._seeks = seekable(self._source)
         return i, self._transform(self._batch(i))
 
     def _batch(self, i: int):
@@ -347,7 +349,7 @@ class EntryReader:
                      keep=self.data.keep_train)
         if epoch != self._epoch or pos < self._pos:  # a new epoch (or a resumed list)
             self._epoch, self._pos = epoch, 0
-            self._stream = (position_batches(src, self.batch_size, **order) if seekable(src)
+            self._stream = (position_batches(src, self.batch_size, **order) if self._seeks
                             else (b for b, _ in batches(src, self.batch_size,
                                                         drop_remainder=True, **order)))
         for _ in range(pos - self._pos):  # other workers' entries: positions only, if it seeks
@@ -357,7 +359,7 @@ class EntryReader:
             raise ValueError(f"epoch {epoch} of the training data holds fewer than {pos + 1} "
                              f"batches of {self.batch_size} rows; lower --batch-size or "
                              "--gba.local_batch_size")
-        return to_batch(src.take_rows(got))[0] if seekable(src) else got
+        return to_batch(src.take_rows(got))[0] if self._seeks else got
 
     def close(self) -> None:
         pass
