@@ -165,3 +165,33 @@ def test_a_straggler_pushes_after_its_slowdown_and_a_stop_cuts_the_sleep_short()
     s.gate.stop()
     t.join(5)
     assert not t.is_alive() and time.monotonic() - t0 < 2 and log == ["computed"]
+
+
+def test_the_role_threads_first_gradient_computation_is_a_warm_up_not_a_timed_step():
+    """The first execution on the role's thread took 83-118 ms in some runs where later ones
+    take 2-3 ms (a one-off of the process, not a retrace), and a straggler of factor 50 would
+    sleep 49x that: `RoleWorker.compute` runs it once untimed, then the step it times. Later
+    steps run it once."""
+    import types
+
+    from algorithms.runtime import stragglers
+    from algorithms.runtime.ray_role_worker import RoleWorker
+
+    s, calls = _server(), []
+    secs = iter([0.118, 0.002, 0.003, 0.0025])
+
+    def compute(params, local, coalesce, *minis):
+        calls.append(params)
+        return ({"n": 1.0}, next(secs)), {"w": params}
+
+    s.compute, s.batch_size = compute, 4
+    w = RoleWorker(s, 0, supply=None, shards=[(None, [], 0)],
+                   draws=stragglers.parse("slow:k=1,factor=50", 1, 0), example_cost=0.0, dims={})
+    measured = []
+    for it in range(3):
+        g, pending, work = w.compute(it, (it, (types.SimpleNamespace(), {})), it)
+        assert g == {"w": it} and work.factor == 50.0
+        measured.append(work.measured)
+    assert calls == [0, 0, 1, 2]  # two executions for the first step, one after it
+    assert measured == [0.002, 0.003, 0.0025]
+    assert s.delta.d["measured"] == measured and len(s.delta.d["metrics"]) == 3

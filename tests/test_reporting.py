@@ -127,3 +127,25 @@ def test_threaded_run_records_evals_from_a_held_snapshot(tmp_path):
     assert all("examples_per_sec" in r for r in recs if r["kind"] == "train")
     assert s["clock"] == "wall"
     assert jax.tree.leaves(s["final_state"].params)
+
+
+def test_the_poll_reads_a_remote_step_once_a_chunk_and_the_hold_reads_it_exactly():
+    """Under Ray the step may be a call to another process (GBA's PS0): the poll reads it
+    again only once `placement.step_poll_s` passed (it was a call every 50 ms poll, 4-9 ms of
+    the driver's CPU a second); in this process every poll reads it."""
+    import types
+
+    from algorithms.runtime.report import Reporter
+
+    reads = []
+
+    def step():
+        reads.append(len(reads))
+        return 10 + len(reads)
+
+    for poll_s, expect in ((0.5, [11, 11, 11, 12, 12, 13]), (0.0, [11, 12, 13, 14, 15, 16])):
+        r, reads[:] = object.__new__(Reporter), []
+        r.rt = types.SimpleNamespace(placement=types.SimpleNamespace(step_poll_s=poll_s))
+        r.step, r._polled = step, (float("-inf"), 10)
+        seen = [r._poll_step(t) for t in (100.0, 100.05, 100.45, 100.5, 100.9, 101.2)]
+        assert seen == expect and len(reads) == expect[-1] - 10

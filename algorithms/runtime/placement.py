@@ -43,12 +43,15 @@ class Placement(Protocol):
       stop_saving: the exceptions that stop the roles and leave a checkpoint of their state.
       final_tables: a run's returned ``final_state`` holds every table (where they are not
         here: gathered at the end; ``ray.final_tables``).
+      step_poll_s: the least seconds between two reads of the run's step by the report's
+        poll (``report.py``; the step may be a call to another process, e.g. GBA's PS0).
     """
 
     name: str
     tables_here: bool
     data_here: bool
     final_tables: bool
+    step_poll_s: float
     stop_saving: tuple[type[BaseException], ...]
 
     def make_ps(self, layout, sparse_opt, tables: dict, slots: dict,
@@ -124,6 +127,7 @@ class InProcess:
 
     tables_here = data_here = final_tables = True
     stop_saving = (KeyboardInterrupt,)
+    step_poll_s = 0.0  # every poll: the step is read here
 
     def __init__(self, rt: Runtime, name: str):
         self.rt, self.name = rt, name

@@ -51,6 +51,9 @@ class RayPlacement:
         self.groups = ray_workers.Groups(rt, self.cluster)
         self.in_actors = ray_roles.in_actors(rt.cfg)
         self.final_tables = rt.cfg.ray.final_tables
+        # GBA's step is a read of PS0's actor: one a chunk, not one a 50 ms poll (its CPU in
+        # the driver was 4-9 ms a second); the actors' counters change per chunk anyway
+        self.step_poll_s = rt.cfg.ray.chunk_s
         self.data_here = not self.in_actors
         if self.in_actors:
             self.groups.body = ray_roles.RoleServer

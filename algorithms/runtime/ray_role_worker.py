@@ -59,6 +59,7 @@ class RoleWorker:
         self.placement = {k: s for s, names in enumerate(self.names) for k in names}
         self.links = [Link(f"emb-ps-{s}", float("inf")) for s in range(len(shards))]
         self._read = 0
+        self._warm = True  # the role thread's first gradient computation is not timed
         self.counters = types.SimpleNamespace(iterations=0)  # steps done (a role may count)
 
     # -- the role's interface ----------------------------------------------------------------
@@ -81,6 +82,9 @@ class RoleWorker:
         wires = {s: wire_rows(p) for s, p in parts.items()}
         pulled = self._each(lambda s: ("pull_rows", wires[s], True), parts)
         minis = [unpack_rows(pulled[s], parts[s]) for s in sorted(parts)]
+        if self._warm:  # its first execution on this thread took 83-118 ms in 2 runs of 5
+            self._warm = False  # (later ones 2-3 ms), which a straggler's sleep multiplies
+            self.server.compute(params, local, True, *minis)
         (m, secs), g, *per = self.server.compute(params, local, True, *minis)  # row sums
         nbytes = shard_bytes(rows, self.placement, self.dims, len(self.names))
         with self.server.delta.lock:

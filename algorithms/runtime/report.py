@@ -20,7 +20,8 @@ When it looks:
   gate (`Reporter.wrap`): before a record or an eval the main thread closes the gate and waits
   until no role is between two yields, so what it reads (dense params and PS tables together)
   is one consistent state; the paused time is taken out of the throughput. A record lands on
-  the first step the poll sees at or past the multiple.
+  the first step the poll sees at or past the multiple. Under Ray the poll reads the step
+  once a ``ray.chunk_s`` (`placement.step_poll_s`; GBA's step is a call to PS0's actor).
 
 The Train NE of a record is ShadowSync Eq. 2 over every batch scored so far (each batch scored
 before its update, Sec. 4), the same sums summary.json's ``train_ne`` is built from: the last
@@ -85,6 +86,7 @@ class Reporter:
         self.paused = 0.0  # threads: seconds the roles were held for records and evals
         self._t_progress = self.t_start
         self._seen_step = rt.start_step
+        self._polled = (float("-inf"), rt.start_step)  # threads: the poll's last step read
         # the gate (threads): roles between two yields, and whether the main thread holds them
         self._cond = threading.Condition()
         self._active = 0
@@ -113,16 +115,24 @@ class Reporter:
             self._t_progress = now
             self.writer.write({"kind": "progress", "wall": now - self.rt.t0,
                                "iterations": sum(w.counters.iterations for w in self.workers)})
-        s = self.step()
+        s = self._poll_step(now)
         self.out.progress(s)
         if self._hold or self._log_due(s) or self._eval_due(s):
             self._hold_roles()
             try:
-                self._due(self.step(), self._seconds())
+                self._due(self.step(), self._seconds())  # the step where the roles are held
                 if self.early is not None and self._stop is not None:
                     self._stop.set()  # early stopping: the roles end where they are held
             finally:
                 self._release_roles()
+
+    def _poll_step(self, now: float) -> int:
+        """The step as the poll sees it: read again once `placement.step_poll_s` passed."""
+        t, s = self._polled
+        if now - t >= self.rt.placement.step_poll_s:
+            s = self.step()
+            self._polled = (now, s)
+        return s
 
     def _seconds(self) -> float:
         """Training seconds of this segment so far (threads: without the held time)."""
