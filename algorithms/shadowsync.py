@@ -47,41 +47,52 @@ def make_rule(cfg: Config) -> sync_rules.SyncRule:
 class Syncer:
     """One party's sync of one replica: the code shadow roles and FR workers share.
 
-    `step` is a generator: ``yield from syncer.step()`` performs one sync (its communication is
-    a `Work` over the sync PS link, or a `Collective`) and updates the replica.
+    `step` is a generator: ``yield from syncer.step(rt, counters)`` performs one sync (its
+    communication is a `Work` over the sync PS link, or a `Collective`), updates the replica
+    and counts it in the role's `counters`. It holds no engine (`rt` is the role's), so a role
+    run in its worker actor takes it there (``--ray.roles actors``: its replica is that
+    actor's, its sync PS a hosted one).
     """
 
-    def __init__(self, rt: Runtime, rule: sync_rules.SyncRule, replica: Replica, index: int,
-                 server: SyncPS | None, group: Rendezvous | None, counters: Counters):
-        self.rt, self.rule, self.replica, self.index = rt, rule, replica, index
-        self.server, self.group, self.counters = server, group, counters
+    def __init__(self, rule: sync_rules.SyncRule, replica: Replica, index: int,
+                 server: SyncPS | None, group: Rendezvous | None):
+        self.rule, self.replica, self.index = rule, replica, index
+        self.server, self.group = server, group
         self.bmuf = sync_rules.bmuf_init(replica.params) if rule.collective else None
 
-    def step(self):
-        p = self.rt.dense_bytes
+    def step(self, rt: Runtime, counters: Counters):
+        p = rt.dense_bytes
         if self.rule.name == "easgd":  # send w_i, receive wPS: 2P bytes on the shared PS link
-            yield Work(transfers=((self.rt.dense_link, 2 * p),))
+            yield Work(transfers=((rt.dense_link, 2 * p),))
             self.replica.params = self.server.exchange(self.replica.params)
-            self.counters.sync_bytes += 2 * p
+            counters.sync_bytes += 2 * p
         else:  # ring all-reduce: 2 (n-1)/n P bytes per party over its own link
             n = self.group.n
             nbytes = int(2 * (n - 1) / n * p)
             mean = yield Collective(self.group, self.index, self.replica.params,
-                                    nbytes / self.rt.bandwidth)
+                                    nbytes / rt.bandwidth)
             self.bmuf, self.replica.params = self.rule.local(self.bmuf, mean, self.replica.params)
-            self.counters.sync_bytes += nbytes
-        self.counters.syncs += 1
+            counters.sync_bytes += nbytes
+        counters.syncs += 1
 
 
-def shadow_role(syncer: Syncer, pause: float):
-    """Alg. 1's background thread: sync, pause, forever (until training ends)."""
+def shadow_role(rt: Runtime, shadow, syncer: Syncer, pause: float):
+    """Alg. 1's background thread: sync, pause, forever (until training ends); its syncs
+    counted in ``shadow.counters``."""
     try:
         while True:
-            yield from syncer.step()
+            yield from syncer.step(rt, shadow.counters)
             yield Work(pause=pause)
     finally:
         if syncer.group is not None:
             syncer.group.close()
+
+
+def sync_server(params, rule: sync_rules.SyncRule) -> SyncPS:
+    """S-EASGD's sync PS holding ``wPS``, its exchange compiled (where the placement hosts it:
+    here, or in an actor of its own when the roles run in theirs)."""
+    rule.exchange(params, params)
+    return SyncPS(params, rule.exchange)
 
 
 def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | None, k: int):
@@ -95,7 +106,7 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
             replica.apply(rt.dense_apply, g_params)
             it += 1
             if syncer is not None and it % k == 0:  # after iterations k, 2k, ... (not at 0)
-                yield from syncer.step()
+                yield from syncer.step(rt, worker.counters)
     finally:
         if syncer is not None and syncer.group is not None:
             syncer.group.close()  # peers waiting on this worker are released
@@ -114,18 +125,20 @@ def interval(rt: Runtime) -> dict:
     foreground = cfg.train.algo == "fr"
     n, m = rc.trainers, rc.workers_per_trainer
     s0 = rt.init_state
-    replicas = [Replica(s0.params, s0.opt_state) for _ in range(n)]
-    # The EASGD sync PS lives in this process under every backend, beside the replicas it
-    # syncs (under Ray the replicas are the driver's; a sync PS actor of its own moved each
-    # exchange's 2 x 2 MB (dlrm_kaggle) through two processes, and the shadow roles exchange
-    # back to back: S-EASGD on Ray 0.55 -> 0.80x of threads on the 2-core box,
-    # docs/performance.md).
-    server = SyncPS(s0.params, rule.exchange) if rule.name == "easgd" else None
+    # trainer i's replica, where its roles run: here, or (Ray, roles in the actors) in its
+    # worker group's actor, with its m workers and its shadow
+    replicas = [rt.placement.beside(i, Replica, s0.params, s0.opt_state, group_size=m)
+                for i in range(n)]
+    # The EASGD sync PS lives beside the roles: in this process while they run here (under
+    # Ray with the roles in the driver a sync PS actor of its own moved each exchange's
+    # 2 x 2 MB (dlrm_kaggle) through two processes, and the shadow roles exchange back to
+    # back: S-EASGD on Ray 0.55 -> 0.80x of threads on the 2-core box, docs/performance.md),
+    # in an actor of its own when they run in theirs.
+    server = (rt.placement.host(SyncPS, sync_server, s0.params, rule, near_roles=True)
+              if rule.name == "easgd" else None)
     if rule.collective:  # compile before threads start
         rule.local(sync_rules.bmuf_init(s0.params), s0.params, s0.params)
         rule.mean([s0.params] * n)
-    elif server is not None:
-        rule.exchange(s0.params, s0.params)
 
     def group():
         return Rendezvous(n, rule.mean) if rule.collective else None
@@ -143,17 +156,18 @@ def interval(rt: Runtime) -> dict:
             w = workers[i * m + j]
             syncer = None
             if foreground and rule.name != "none":
-                syncer = Syncer(rt, rule, replicas[i], i, server, fr_groups[j], w.counters)
+                syncer = Syncer(rule, replicas[i], i, server, fr_groups[j])
                 syncers.append(syncer)
-            roles.append(RoleSpec(f"t{i}-worker{j}", worker_role(rt, w, replicas[i], syncer,
-                                                                 sc.sync_gap)))
+            roles.append(RoleSpec(f"t{i}-worker{j}", rt.placement.run_role(
+                worker_role, w, replicas[i], syncer, sc.sync_gap)))
     if not foreground and rule.name != "none":
         shadow_group = group()
         for i in range(n):
-            syncer = Syncer(rt, rule, replicas[i], i, server, shadow_group, sync_counters[i])
+            syncer = Syncer(rule, replicas[i], i, server, shadow_group)
             syncers.append(syncer)
-            roles.append(RoleSpec(f"t{i}-shadow", shadow_role(syncer, sc.shadow_interval_ms * 1e-3),
-                                  foreground=False))
+            shadow = rt.placement.companion(i, sync_counters[i], group_size=m)
+            roles.append(RoleSpec(f"t{i}-shadow", rt.placement.run_role(
+                shadow_role, shadow, syncer, sc.shadow_interval_ms * 1e-3), foreground=False))
 
     counters = sync_counters + [w.counters for w in workers]
     # what a checkpoint keeps beyond the train state (`Runtime.own`): every replica as it is,

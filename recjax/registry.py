@@ -72,9 +72,10 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("async", HOST_ASYNC, "algorithms.async_ps:run", _ENGINE, _ASYNC | {"actor_roles"},
               "asynchronous PS, Downpour / Hogwild (Dean et al. 2012)"),
     Algorithm("shadow", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"),
-              _ASYNC, "ShadowSync: background sync of replicas (Zheng et al. 2020)"),
-    Algorithm("fr", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"), _ASYNC,
-              "ShadowSync's foreground baselines FR-EASGD / MA / BMUF"),
+              _ASYNC | {"actor_roles"},
+              "ShadowSync: background sync of replicas (Zheng et al. 2020)"),
+    Algorithm("fr", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"),
+              _ASYNC | {"actor_roles"}, "ShadowSync's foreground baselines FR-EASGD / MA / BMUF"),
     Algorithm("gba", HOST_ASYNC, "algorithms.gba:run", (*_ENGINE, "gba"), _ASYNC | {"actor_roles"},
               "GBA: global-batch gradient aggregation and its baselines (Su et al., NeurIPS 2022)"),
     Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"), _ASYNC,
@@ -145,11 +146,19 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _all_reduce(cfg) -> bool:
+    """ShadowSync's ``--sync ma`` / ``bmuf``: an all-reduce among the trainers' roles, which
+    cannot meet across Ray actors yet (EASGD's sync PS and ``none`` can run there)."""
+    return ("shadowsync" in REGISTRY[cfg.train.algo].sections
+            and cfg.shadowsync.sync in ("ma", "bmuf"))
+
+
 def roles_in_actors(cfg) -> bool:
     """Whether a ``--backend ray`` run's worker roles run in their actors: ``--ray.roles
-    actors``, or ``auto`` for an algorithm with the capability."""
+    actors``, or ``auto`` for an algorithm with the capability (ShadowSync's all-reduce rules
+    keep theirs in the driver)."""
     roles = cfg.ray.roles
-    return roles == "actors" or (roles == "auto"
+    return roles == "actors" or (roles == "auto" and not _all_reduce(cfg)
                                  and "actor_roles" in REGISTRY[cfg.train.algo].supports)
 
 
@@ -169,3 +178,7 @@ def check(cfg) -> None:
                                      if whole and len(able) > 1 else "")
             raise ValueError(f"{rule.flag} runs with --algo {which}, which "
                              f"{CAPABILITIES[rule.needs]}; --algo {algo.name} {rule.otherwise}")
+    if cfg.runtime.backend == "ray" and cfg.ray.roles == "actors" and _all_reduce(cfg):
+        raise ValueError(f"--ray.roles actors: --sync {cfg.shadowsync.sync} all-reduces among "
+                         "the trainers' roles, which cannot meet across Ray actors yet; use "
+                         "--sync easgd or none there, or --ray.roles driver (or auto)")

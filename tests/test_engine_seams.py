@@ -88,10 +88,11 @@ def test_every_placement_has_the_interface():
     its parameters, so the engine can call either."""
     members = [n for n, v in vars(placement.Placement).items()
                if callable(v) and not n.startswith("_")]
-    assert {"make_ps", "host", "worker", "remote_fn", "warm", "check", "diagnose",
-            "fault_counters", "close"} <= set(members)
+    assert {"make_ps", "host", "worker", "beside", "companion", "remote_fn", "warm", "check",
+            "diagnose", "fault_counters", "close"} <= set(members)
     for impl in (placement.InProcess, ray_placement.RayPlacement):
-        for name in ("name", "tables_here", "data_here", "stop_saving", "final_tables"):
+        for name in ("name", "tables_here", "data_here", "stop_saving", "final_tables",
+                     "step_poll_s"):
             assert name in vars(impl) or name in inspect.getsource(impl.__init__), (impl, name)
         for name in members:
             want = list(inspect.signature(getattr(placement.Placement, name)).parameters)

@@ -111,16 +111,16 @@ def test_roles_in_actors_take_the_driver_one_call_per_chunk(cluster, monkeypatch
     worker in one chunk (``ray.chunk_s`` longer than the run) are one `advance` call, and the
     summary still counts every step, the staleness of every push and the worker's reads,
     made in its actor."""
-    from algorithms.runtime import ray_roles
+    from algorithms.runtime import ray_role_driver
 
     calls = []
-    call = ray_roles.ActorWorker._call
+    call = ray_role_driver.ActorWorker._call
 
     def counted(self, method, *args):
         calls.append(method)
         return call(self, method, *args)
 
-    monkeypatch.setattr(ray_roles.ActorWorker, "_call", counted)
+    monkeypatch.setattr(ray_role_driver.ActorWorker, "_call", counted)
     cfg = on_ray(small_cfg("async", steps=40, trainers=1, workers_per_trainer=1),
                  roles="actors", chunk_s=600.0)
     s = async_ps.run(cfg)

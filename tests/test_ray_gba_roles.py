@@ -90,11 +90,11 @@ def test_a_role_waiting_in_its_actor_past_the_watchdog_stops_the_run(cluster, mo
     it for an eval), so the chunks spent waiting count as silence (``runtime.watchdog_s``), as
     a Wait in a driver thread does. Made to hang: PS0 is not told of the killed worker, so
     sync mode waits for its gradient for ever."""
-    from algorithms.runtime import ray_roles
+    from algorithms.runtime import ray_role_driver
     from algorithms.runtime.watchdog import RoleStalledError
 
-    real = ray_roles.remote_role
-    monkeypatch.setattr(ray_roles, "remote_role",
+    real = ray_role_driver.remote_role
+    monkeypatch.setattr(ray_role_driver, "remote_role",
                         lambda fn, worker, *args, lost=None: real(fn, worker, *args))
     base = small_cfg("gba", steps=20, workers=2, mode="sync", watchdog_s=4.0)
     with pytest.raises(RoleStalledError, match="waited on a Wait in its Ray actor"):

@@ -77,11 +77,11 @@ def test_a_stop_ends_the_role_where_it_waits():
 
 def _server():
     """A `RoleServer` with only what `_drive` uses (no model, no Ray)."""
-    from algorithms.runtime.ray_role_worker import Delta
-    from algorithms.runtime.ray_roles import RoleServer
+    from algorithms.runtime.ray_roles import RoleServer, _Slot
 
     s = object.__new__(RoleServer)
-    s.gate, s.delta, s._supply = _Gate(), Delta(1), None
+    s.slot = _Slot(1)  # one role; its gate and counters as `s.gate`, `s.delta` here
+    s.gate, s.delta = s.slot.gate, s.slot.delta
     return s
 
 
@@ -110,7 +110,7 @@ def test_a_chunk_ends_while_the_role_waits_on_a_wait_and_no_batch_is_taken_after
         c.join(5)
         assert not c.is_alive(), "the chunk did not end"
 
-    t = threading.Thread(target=s._drive, args=(role(),), daemon=True)
+    t = threading.Thread(target=s._drive, args=(role(), s.slot, False), daemon=True)
     t.start()
     t0 = time.monotonic()
     chunk(10, 0.2)
@@ -142,7 +142,7 @@ def test_a_straggler_pushes_after_its_slowdown_and_a_stop_cuts_the_sleep_short()
             log.append(("pushed", i, time.monotonic()))
 
     s = _server()
-    t = threading.Thread(target=s._drive, args=(role(),), daemon=True)
+    t = threading.Thread(target=s._drive, args=(role(), s.slot, False), daemon=True)
     t.start()
     t.join(5)
     assert not t.is_alive() and s.gate.done and s.gate.error is None
@@ -158,7 +158,7 @@ def test_a_straggler_pushes_after_its_slowdown_and_a_stop_cuts_the_sleep_short()
         yield Work(factor=1001.0, measured=0.05)  # 50 s
         log.append("pushed")
 
-    t = threading.Thread(target=s._drive, args=(slow(),), daemon=True)
+    t = threading.Thread(target=s._drive, args=(slow(), s.slot, False), daemon=True)
     t0 = time.monotonic()
     t.start()
     time.sleep(0.2)
@@ -185,7 +185,7 @@ def test_the_role_threads_first_gradient_computation_is_a_warm_up_not_a_timed_st
         return ({"n": 1.0}, next(secs)), {"w": params}
 
     s.compute, s.batch_size = compute, 4
-    w = RoleWorker(s, 0, supply=None, shards=[(None, [], 0)],
+    w = RoleWorker(s, s.slot, 0, supply=None, shards=[(None, [], 0)],
                    draws=stragglers.parse("slow:k=1,factor=50", 1, 0), example_cost=0.0, dims={})
     measured = []
     for it in range(3):
@@ -195,3 +195,32 @@ def test_the_role_threads_first_gradient_computation_is_a_warm_up_not_a_timed_st
     assert calls == [0, 0, 1, 2]  # two executions for the first step, one after it
     assert measured == [0.002, 0.003, 0.0025]
     assert s.delta.d["measured"] == measured and len(s.delta.d["metrics"]) == 3
+
+
+def test_a_role_without_batches_passes_the_gate_before_each_step():
+    """ShadowSync's shadow in its trainer's actor takes no batch: `_drive` passes the gate
+    before each of its steps (each `send`), so a chunk of n lets exactly n steps run, starting
+    none before the first chunk, and a chunk ends between two steps (its sync landed)."""
+    from algorithms.runtime.clock import Work
+
+    log = []
+
+    def shadow():
+        i = 0
+        while True:
+            log.append(("sync", i))
+            yield Work(pause=0.0)
+            i += 1
+
+    s = _server()
+    t = threading.Thread(target=s._drive, args=(shadow(), s.slot, True), daemon=True)
+    t.start()
+    time.sleep(0.1)
+    assert log == []  # nothing before a chunk allows it
+    s.gate.chunk(3, seconds=60)
+    assert log == [("sync", 0), ("sync", 1), ("sync", 2)] and s.gate.waiting
+    s.gate.chunk(2, seconds=60)
+    assert [i for _, i in log] == [0, 1, 2, 3, 4]
+    s.gate.stop()
+    t.join(5)
+    assert not t.is_alive() and s.gate.done and s.gate.error is None and len(log) == 5

@@ -31,10 +31,10 @@ HONOURED = {
     "ray": (lambda c: _set(c, "runtime", backend="ray"), ASYNC),
     "virtual": (lambda c: _set(c, "runtime", backend="virtual"), ASYNC),
     "dims": (lambda c: _set(c, "embed", dims="C1:4"), ("single",)),
-    # the roles of async PS and GBA run in their Ray worker actors (ray_roles.py); the
-    # others' not yet
+    # the roles of async PS, GBA and ShadowSync (EASGD, none) run in their Ray worker actors
+    # (ray_roles.py); Persia's not yet
     "actor_roles": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", roles="actors"),
-                    ("async", "gba")),
+                    ("async", "shadow", "fr", "gba")),
 }
 
 
@@ -88,10 +88,20 @@ def test_where_the_roles_run_under_ray():
         cfg = small_cfg(algo)
         return registry.roles_in_actors(_set(cfg, "ray", roles=roles))
 
-    for a in ("async", "gba"):
+    for a in ("async", "gba", "shadow", "fr"):
         assert where(a, "auto") and where(a, "actors") and not where(a, "driver")
     assert not any(where(a, "auto") or where(a, "driver") for a in ASYNC
-                   if a not in ("async", "gba"))
+                   if a not in ("async", "gba", "shadow", "fr"))
+    for a in ("shadow", "fr"):  # an all-reduce among the trainers stays in the driver
+        for rule in ("ma", "bmuf"):
+            cfg = _set(_set(small_cfg(a), "shadowsync", sync=rule), "ray", roles="auto")
+            assert not registry.roles_in_actors(cfg)
+            cfg = _set(_set(_set(cfg, "ray", roles="actors"), "runtime", backend="ray"),
+                       "shadowsync", sync=rule)
+            with pytest.raises(ValueError, match=f"--sync {rule} all-reduces"):
+                registry.check(cfg)
+        assert registry.roles_in_actors(_set(_set(small_cfg(a), "shadowsync", sync="easgd"),
+                                             "ray", roles="auto"))
 
 
 def test_help_names_every_algorithm():

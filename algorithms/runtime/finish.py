@@ -149,7 +149,8 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     if report.stopper is not None:
         rt.progress.early_stop = report.stopper.state()
     take_counts(rt)
-    mine = own(rt)
+    # read only where it is kept (a replica in a dead trainer's actor is gone: nothing asks)
+    mine = own(rt) if rt.ckpt is not None or rt.periodic else None
     # tables that live in the PS's actors: each writes its own (`_to_save`)
     to_save = _to_save(rt, state) if rt.ckpt is not None else None
     if to_save is not None and not at_end:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 from typing import Any, Protocol
 
 import jax
@@ -59,11 +60,22 @@ class Placement(Protocol):
                 lru: dict | None) -> ps_lib.EmbeddingPS:
         """The embedding PS (`ps.EmbeddingPS`'s arguments and interface)."""
 
-    def host(self, cls: type, factory, *args, dense_grads: bool = False, **proxy) -> Any:
+    def host(self, cls: type, factory, *args, dense_grads: bool = False,
+             near_roles: bool = False, **proxy) -> Any:
         """The server ``factory(*args)`` the roles share (an instance of `cls`): the object
         itself, or a proxy of `cls`'s methods to it in a process of its own. `proxy` keywords
         (`ray_wire.Hosted`) say which attributes stay here, which methods notify, which
-        results stay references; `dense_grads`: the workers' dense gradients go to it."""
+        results stay references; `dense_grads`: the workers' dense gradients go to it;
+        `near_roles`: in a process of its own only where the roles run in theirs."""
+
+    def beside(self, group: int, factory, *args, group_size: int = 1) -> Any:
+        """An object ``factory(*args)`` the roles of worker group `group` share (a ShadowSync
+        trainer's replica): the object itself, or where that group's roles run in its
+        process, made there, behind a proxy that reads and sets it from here."""
+
+    def companion(self, group: int, counters, group_size: int = 1) -> Any:
+        """What `run_role` takes for a role without batches beside group `group`'s workers
+        (ShadowSync's shadow): an object whose ``counters`` are `counters`."""
 
     def dense_ps(self, params: Any, opt_state: Any) -> Any:
         """The async dense PS (`ps.DensePS`'s interface): in this process, or hosted in an
@@ -72,7 +84,7 @@ class Placement(Protocol):
     def run_role(self, fn, worker, *args, lost=None) -> Any:
         """The role ``fn(rt, worker, *args)`` (a module-level generator function) as this
         process runs it: the generator itself, or the driver's side of it run in `worker`'s
-        actor (``ray_roles.remote_role``), which calls ``lost(wid)`` if that actor's process
+        actor (``ray_role_driver.remote_role``), which calls ``lost(wid)`` if that actor's process
         dies (where the role runs here, it sees the death itself: `clock.WorkerLost`)."""
 
     def worker(self, wid: int, supply, group: int | None = None, group_size: int = 1) -> Worker:
@@ -136,7 +148,7 @@ class InProcess:
     def make_ps(self, layout, sparse_opt, tables, slots, table_shard, shards, lru):
         return ps_lib.EmbeddingPS(layout, tables, slots, sparse_opt, table_shard, shards, lru=lru)
 
-    def host(self, cls, factory, *args, dense_grads=False, **proxy):
+    def host(self, cls, factory, *args, dense_grads=False, near_roles=False, **proxy):
         return factory(*args)
 
     def dense_ps(self, params, opt_state):
@@ -153,6 +165,12 @@ class InProcess:
         if key not in self._fns:
             self._fns[key] = LocalFn(jax.jit(factory(self.rt, *args)))
         return self._fns[key]
+
+    def beside(self, group, factory, *args, group_size=1):
+        return factory(*args)
+
+    def companion(self, group, counters, group_size=1):
+        return types.SimpleNamespace(counters=counters)
 
     def warm(self, params, batch, shares=True):
         pass  # the engine compiled this process's functions while it set up

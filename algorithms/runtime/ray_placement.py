@@ -3,7 +3,7 @@
 The embedding PS shards (``ray_ps.py``), each worker group's compute (``ray_workers.py``) and
 the servers the roles share (``ray_wire.Hosted``) are actors of the run's Ray instance
 (``ray_backend.Cluster``); the roles run in the driver's threads, or (``--ray.roles actors``,
-`ray_roles.in_actors`) each worker's role runs in its actor (``ray_roles.py``)
+`ray_role_driver.in_actors`) each worker's role runs in its actor (``ray_roles.py``)
 and the driver hands out chunks of steps. The instance's vital
 processes are watched: `check` raises when one died (`ray_backend.ControlLost`: the actors still
 hold the state, the run checkpoints it; `segments.StateLost`: it does not).
@@ -11,6 +11,7 @@ hold the state, the run checkpoints it; `segments.StateLost`: it does not).
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from algorithms.runtime import (
@@ -19,6 +20,8 @@ from algorithms.runtime import (
     ray_dense,
     ray_parts,
     ray_ps,
+    ray_role_driver,
+    ray_role_worker,
     ray_roles,
     ray_wire,
     ray_workers,
@@ -49,7 +52,7 @@ class RayPlacement:
         self.rt = rt
         self.cluster = ray_backend.Cluster(rt.cfg.ray, rt.cfg.train.out)
         self.groups = ray_workers.Groups(rt, self.cluster)
-        self.in_actors = ray_roles.in_actors(rt.cfg)
+        self.in_actors = ray_role_driver.in_actors(rt.cfg)
         self.final_tables = rt.cfg.ray.final_tables
         # GBA's step is a read of PS0's actor: one a chunk, not one a 50 ms poll (its CPU in
         # the driver was 4-9 ms a second); the actors' counters change per chunk anyway
@@ -69,9 +72,12 @@ class RayPlacement:
         return ray_ps.RayEmbeddingPS(self.cluster, self.rt.cfg, layout, tables, slots,
                                      table_shard, shards, lru=lru)
 
-    def host(self, cls, factory, *args, dense_grads=False, **proxy):
+    def host(self, cls, factory, *args, dense_grads=False, near_roles=False, **proxy):
         """``factory(*args)`` built in an actor of its own, behind a `ray_wire.Hosted` proxy;
-        its actor is watched: it holds state that is not restarted."""
+        its actor is watched: it holds state that is not restarted. `near_roles`: only where
+        the roles run in their actors (else built here: ShadowSync's EASGD sync PS)."""
+        if near_roles and not self.in_actors:
+            return factory(*args)
         if self.spare.get(cls):  # an earlier interval's process: no new process, no import
             handle, ray = self.spare[cls].pop(), ray_backend._ray()
             try:
@@ -118,17 +124,37 @@ class RayPlacement:
 
     def run_role(self, fn, worker, *args, lost=None):
         if self.in_actors:
-            return ray_roles.remote_role(fn, worker, *args, lost=lost)
+            return ray_role_driver.remote_role(fn, worker, *args, lost=lost)
         return fn(self.rt, worker, *args)
 
     def worker(self, wid, supply, group=None, group_size=1):
         """A `ray_workers.RayWorker` whose compute runs in group `group`'s actor (default: a
         process of its own; a group of `group_size` workers gets as many XLA threads), or
-        with the roles in the actors the driver's `ray_roles.ActorWorker` of it."""
+        with the roles in the actors the driver's `ray_role_driver.ActorWorker` of it."""
         group = wid if group is None else group
         if self.in_actors:
-            return ray_roles.ActorWorker(self.rt, wid, supply, group)
+            return ray_role_driver.ActorWorker(self.rt, wid, supply, group, group_size)
         return ray_workers.RayWorker(self.rt, wid, supply, group, group_size)
+
+    def beside(self, group, factory, *args, group_size=1):
+        """With the roles in the actors, ``factory(*args)`` made in group `group`'s actor,
+        behind a `ray_role_worker.GroupLocal` proxy (its roles get the object itself); else
+        the object, here."""
+        if not self.in_actors:
+            return factory(*args)
+        key = f"{getattr(factory, '__name__', 'object')}-{group}"
+        handle = self.groups.get(group, group_size)
+        ray_backend._ray().get(handle.make_local.remote(key, factory, *args))
+        return ray_role_worker.GroupLocal(handle, key, factory)
+
+    def companion(self, group, counters, group_size=1):
+        """A role without batches beside group `group`'s workers (ShadowSync's shadow): with
+        the roles in the actors, the driver's side of it run in that group's actor
+        (`ray_role_driver.ActorWorker`, its counters `counters`)."""
+        if not self.in_actors:
+            return types.SimpleNamespace(counters=counters)
+        return ray_role_driver.ActorWorker(self.rt, f"companion-{group}", None, group,
+                                           group_size, counters)
 
     def remote_fn(self, group, name, factory, *args):
         key = (group, name, args)  # built once in the group's process, for every interval
@@ -138,8 +164,10 @@ class RayPlacement:
 
     def warm(self, params, batch, shares=True):
         """Compile the groups' functions and (roles in the actors) open their data."""
-        # (one worker per group with the roles in the actors: the group is the worker)
-        opening = [h.prepare.remote(g, self.rt.num_workers, shares)
+        # (a group of one worker is that worker: it keeps its share; a larger one, all)
+        keep = ray_role_driver.keep
+        opening = [h.prepare.remote(*keep(types.SimpleNamespace(shares=shares), g,
+                                          self.rt.num_workers, self.groups.sizes[g]))
                    for g, h in self.groups.handles.items()] if self.in_actors else []
         self.groups.warm_all(params, batch)
         ray_backend._ray().get(opening)

@@ -5,11 +5,16 @@ read there (``supply.py``: its `StaticShards`, or GBA's list by entry index), ro
 and pushed to the PS shard actors directly, gradients computed in the actor
 (`ray_workers.ComputeServer`), and the chunk's counters (`Delta`) that the driver takes per
 chunk (`ray_roles.RoleServer.advance`).
+
+`GroupLocal` is an object the roles of one actor share (a ShadowSync trainer's replica, shared
+by its Hogwild workers and its shadow): it lives in that actor (`LOCALS`), and the driver reads
+and sets it through the proxy (an eval, a checkpoint, a resume, between chunks).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import types
 
@@ -17,6 +22,49 @@ from algorithms.runtime.clock import Link, Work, WorkerLost
 from algorithms.runtime.ps import shard_bytes
 from algorithms.runtime.ray_backend import _ray
 from algorithms.runtime.ray_wire import pack_rows, unpack_rows, wire_rows
+from algorithms.runtime.segments import StateLost
+
+LOCALS: dict[str, object] = {}  # this actor's objects its roles share (`GroupLocal`)
+
+
+def _here(key: str):
+    """A `GroupLocal` arriving in an actor: the object itself, if it lives in this one."""
+    if key not in LOCALS:
+        raise RuntimeError(f"{key} lives in another worker group's actor than the role it "
+                           "was handed to; a role may share the objects of its own group only")
+    return LOCALS[key]
+
+
+class GroupLocal:
+    """A proxy of an object living in a worker group's actor beside its roles (see the
+    module docstring): handed to a role in that actor it is the object itself; read here, each
+    attribute is a call to the actor, and set here, likewise. The actor's death loses the
+    object, which is the run's state: `segments.StateLost`."""
+
+    def __init__(self, handle, key: str, cls: type):
+        self.__dict__.update(_handle=handle, _key=key, _cls=cls)
+
+    def __reduce__(self):
+        return _here, (self._key,)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy, pickle: not the object's
+            raise AttributeError(name)
+        with self._lost():
+            return _ray().get(self._handle.local_attr.remote(self._key, name))
+
+    def __setattr__(self, name: str, value) -> None:
+        with self._lost():
+            _ray().get(self._handle.local_set.remote(self._key, name, value))
+
+    @contextlib.contextmanager
+    def _lost(self):
+        try:
+            yield
+        except _ray().exceptions.RayActorError as e:
+            raise StateLost(f"the Ray actor holding {self._key} ({self._cls.__name__}) died, "
+                            "and that part of the run's state with it; the run stops without "
+                            "a new checkpoint") from e
 
 
 class Delta:
@@ -35,11 +83,19 @@ class Delta:
         return out
 
 
+def counters() -> types.SimpleNamespace:
+    """A role's counters in its actor (the role or its worker counts; `RoleServer.advance`
+    hands the driver what they grew by): iterations, and a ShadowSync syncer's syncs and
+    bytes."""
+    return types.SimpleNamespace(iterations=0, syncs=0, sync_bytes=0)
+
+
 class RoleWorker:
     """`worker.Worker`'s interface in a worker actor (see the module docstring).
 
     Args:
-      server: the actor (`RoleServer`): its jitted gradient and its gate.
+      server: the actor (`RoleServer`): its jitted gradient.
+      slot: the role's place in the actor (`ray_roles._Slot`): its gate and chunk counters.
       wid: the worker.
       supply: this worker's batches (`supply.StaticShards`, or GBA's `supply.EntryReader`).
       shards: per PS shard ``(actor handle, table names, its restarts)`` (no handle: a shard
@@ -48,9 +104,9 @@ class RoleWorker:
       example_cost: modelled seconds per example (the `clock.Work` a role yields).
     """
 
-    def __init__(self, server, wid: int, supply, shards: list, draws,
+    def __init__(self, server, slot, wid: int, supply, shards: list, draws,
                  example_cost: float, dims: dict):
-        self.server, self.wid, self.supply, self.draws = server, wid, supply, draws
+        self.server, self.slot, self.wid, self.supply, self.draws = server, slot, wid, supply, draws
         self.handles = [h for h, _, _ in shards]
         self.names = [names for _, names, _ in shards]
         self.gen = [0] * len(shards)  # handles received (the role's view)
@@ -60,15 +116,15 @@ class RoleWorker:
         self.links = [Link(f"emb-ps-{s}", float("inf")) for s in range(len(shards))]
         self._read = 0
         self._warm = True  # the role thread's first gradient computation is not timed
-        self.counters = types.SimpleNamespace(iterations=0)  # steps done (a role may count)
+        self.counters = counters()
 
     # -- the role's interface ----------------------------------------------------------------
     def take(self):
-        item = self.supply.take(self.wid) if self.server.gate.enter() else None
+        item = self.supply.take(self.wid) if self.slot.gate.enter() else None
         reader = self.supply.data.readers.get(f"worker {self.wid}")
         if reader is not None:
-            with self.server.delta.lock:
-                self.server.delta.d["rows_read"] += reader.rows - self._read
+            with self.slot.delta.lock:
+                self.slot.delta.d["rows_read"] += reader.rows - self._read
             self._read = reader.rows
         return item
 
@@ -87,8 +143,8 @@ class RoleWorker:
             self.server.compute(params, local, True, *minis)
         (m, secs), g, *per = self.server.compute(params, local, True, *minis)  # row sums
         nbytes = shard_bytes(rows, self.placement, self.dims, len(self.names))
-        with self.server.delta.lock:
-            d = self.server.delta.d
+        with self.slot.delta.lock:
+            d = self.slot.delta.d
             d["metrics"].append(m)
             d["indices"].append(item[0])
             d["measured"].append(secs)
@@ -104,8 +160,8 @@ class RoleWorker:
     def push(self, pending) -> None:
         wires, sums = pending
         self._each(lambda s: ("push_rows", wires[s], sums[s]), wires)
-        with self.server.delta.lock:
-            d = self.server.delta.d
+        with self.slot.delta.lock:
+            d = self.slot.delta.d
             for s in wires:
                 d["pushes"][s] += 1
         self.counters.iterations += 1
@@ -125,7 +181,7 @@ class RoleWorker:
                     out[s] = ray.get(ref)
                     break
                 except ray.exceptions.RayActorError:
-                    if not self.server.await_restart(s, gen):
+                    if not self.server.await_restart(self.slot, s, gen):
                         raise WorkerLost(f"stopped while PS shard {s} was down") from None
                     gen, ref = self.gen[s], self._send(s, request)
         return out

@@ -4,19 +4,24 @@ Under ``--ray.roles driver`` a worker's role (``clock.py``'s generator) runs in 
 and every step is one call from there: the driver takes the batch, localizes it, pulls the
 dense params and applies the dense gradient, so its CPU grows with the steps of every worker.
 Here the same role function (the algorithm's own: `async_ps.worker_role`, `gba.worker_role`,
-unchanged) runs in the worker's actor, with that actor's versions of what the role touches:
+`shadowsync.worker_role` and `shadow_role`) runs in the worker group's actor (one worker, or a
+ShadowSync trainer's m workers and its shadow: one thread per role), with that actor's
+versions of what the role touches:
 
 * the worker (`ray_role_worker.RoleWorker`): its batches read in the actor (async:
   `supply.StaticShards` for this worker only; GBA: the entries of the data list that PS0's
   `supply.EntryIndex` hands it, `supply.EntryReader`); its rows pulled from and pushed to the
   shard actors directly; its gradient computed there; a straggler's modelled slowdown slept
   there;
-* the servers the role shares with the other workers (the dense PS, GBA's PS0 and its list):
-  hosted actors (`placement.host`), called by the role through their `ray_wire.Hosted`
-  proxy; a `Wait` on such a server's signal (GBA's gate of the mode) waits in the server's
-  actor (`ray_wire.RemoteSignal`), and a chunk may end while the role waits there.
+* the servers the role shares with the other workers (the dense PS, GBA's PS0 and its list,
+  ShadowSync's EASGD sync PS): hosted actors (`placement.host`), called by the role through
+  their `ray_wire.Hosted` proxy; a `Wait` on such a server's signal (GBA's gate of the mode)
+  waits in the server's actor (`ray_wire.RemoteSignal`), and a chunk may end while the role
+  waits there;
+* what the roles of one group share (a ShadowSync trainer's replica): made in the group's
+  actor (`RoleServer.make_local`, `placement.beside`), the object itself there.
 
-The driver's part is `remote_role`: it starts the role in the actor and then lets it run in
+The driver's part is `ray_role_driver.remote_role`: it starts the role in the actor and then lets it run in
 chunks of ``ray.chunk_s`` seconds (`RoleServer.advance`), each ending where the role asks for its
 next batch, i.e. after its previous step's pushes landed, so the state is whole between chunks:
 an eval, a checkpoint or a stop waits for at most one chunk. Per chunk the driver takes the
@@ -38,40 +43,18 @@ links' byte counts are kept. The roles run in real time (no ``--deterministic``)
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import types
 
+import jax
+import numpy as np
+
 from algorithms.runtime import stragglers as stragglers_lib
-from algorithms.runtime.clock import Link, Wait, Work, WorkerLost
-from algorithms.runtime.ray_backend import _ray, parse_kill, sigkill
-from algorithms.runtime.ray_role_worker import Delta, RoleWorker
+from algorithms.runtime.clock import Link, Wait, Work
+from algorithms.runtime.ray_role_worker import LOCALS, Delta, RoleWorker
+from algorithms.runtime.ray_role_worker import counters as role_counters
 from algorithms.runtime.ray_workers import ComputeServer
-from algorithms.runtime.watchdog import RoleStalledError
-
-
-def in_actors(cfg) -> bool:
-    """Whether this ``--backend ray`` run's worker roles run in their actors
-    (`recjax.registry.roles_in_actors`), which read the training data there: not for an
-    in-memory source, which only this process holds (``auto`` keeps the roles here).
-
-    Raises:
-      ValueError: ``--ray.roles actors`` with in-memory training data.
-    """
-    from recjax.data.arrays import in_memory
-    from recjax.registry import roles_in_actors
-
-    if not roles_in_actors(cfg):
-        return False
-    if in_memory(cfg.data.train):
-        if cfg.ray.roles == "actors":
-            raise ValueError(f"--ray.roles actors: each worker actor reads its own shard of the "
-                             f"training data, and {cfg.data.train} is an in-memory source of "
-                             "this process only; use --ray.roles driver (or auto), or save the "
-                             "arrays to a file and train on the file")
-        return False
-    return True
 
 
 class _Gate:
@@ -136,77 +119,124 @@ class _Gate:
             self.cond.notify_all()
 
 
-class RoleServer(ComputeServer):
-    """A worker group's actor (`ray_workers.ComputeServer`) that also runs a worker's role.
+class _Slot:
+    """One role run in a worker actor: its gate, its chunk's counters, its worker (or, for a
+    role without batches, its counters only), its supply and its thread."""
 
-    `start_role` builds the role with this actor's worker and starts it on a thread of its
-    own, waiting at its first batch; `advance` runs one chunk; `stop_role` ends it where it
-    waits. Only one role per actor (one worker per group: async PS, GBA).
+    def __init__(self, shards: int):
+        self.gate, self.delta = _Gate(), Delta(shards)
+        self.worker = types.SimpleNamespace(counters=role_counters())
+        self.supply = self.thread = None
+        self.reported = role_counters()  # the counters handed to the driver so far
+
+
+class RoleServer(ComputeServer):
+    """A worker group's actor (`ray_workers.ComputeServer`) that also runs its workers' roles.
+
+    `start_role` builds a role with this actor's worker and starts it on a thread of its own,
+    waiting at its first batch; `advance` runs one chunk of it; `stop_role` ends it where it
+    waits. A role is a worker's (async PS and GBA: one per actor; ShadowSync: a trainer's m
+    Hogwild workers), or a role without batches beside them (ShadowSync's shadow), which a
+    chunk lets run yield by yield. The roles of one actor share its objects (`make_local`:
+    a trainer's replica, `ray_role_worker.GroupLocal`).
     """
 
     def __init__(self, cfg, spec, batch_size: int, shard_names: list[list[str]]):
         super().__init__(cfg, spec, batch_size, shard_names)
         self.cfg, self.batch_size = cfg, batch_size
         self._feed = self._feed_share = None
-        self.gate = _Gate()
-        self.delta = Delta(len(shard_names))
-        self.worker: RoleWorker | None = None
-        self._reported = 0  # the worker's iterations handed to the driver
-        self._thread: threading.Thread | None = None
-        self._supply = None
+        self.slots: dict = {}  # role key (a worker's id, or a name) -> `_Slot`
+        self._apply = None  # the dense optimizer's jitted update (a role's `rt.dense_apply`)
+        self._lock = threading.Lock()  # the roles of a group start at once: one data, one jit
 
-    def start_role(self, fn, wid: int, workers: int, supply: tuple, shards: list, dims: dict,
-                   dense_bytes: int, *args) -> None:
-        """Start ``fn(rt, worker, *args)`` (the algorithm's role function) for worker `wid`
-        of `workers`, on the batches of its `supply` (the driver's supply's `actor_spec`):
-        ``("shards", workers, skip, quota)``, the batches ``skip ..`` of its shard, ``quota``
-        among all workers (`supply.StaticShards`); or ``("list", index, m)``, GBA's list
-        (`supply.EntryReader`), the entries' indices from `index`."""
+    def start_role(self, fn, key, workers: int, share: tuple, supply: tuple | None,
+                   shards: list, dims: dict, dense_bytes: int, *args) -> None:
+        """Start ``fn(rt, worker, *args)`` (the algorithm's role function) as role `key`: the
+        role of worker `key` of `workers`, keeping `share` ``(worker, workers)`` of the data
+        in this process (``(0, 1)``: all of it), on the batches of its `supply` (the
+        driver's supply's `actor_spec`): ``("shards", workers, skip, quota)``, the batches
+        ``skip ..`` of its shard, ``quota`` among all workers (`supply.StaticShards`); or
+        ``("list", index, m)``, GBA's list (`supply.EntryReader`), the entries' indices from
+        `index`. No `supply`: a role without batches (its `worker` has counters only)."""
         from algorithms.runtime.ps import localize
         from algorithms.runtime.supply import StaticShards
 
-        self.stop_role()
-        kind, *spec = supply
-        shares = kind == "shards"
-        self.prepare(wid, workers, shares)
-        f, tc, layout = self._feed, self.cfg.train, self.layout
-        if shares:
-            skip, quota = spec[1:]
-            self._supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle, workers,
-                                        skip, quota, lambda b: localize(layout, b), f.depth)
-        else:
-            self._supply = f.entries(*spec, lambda b: localize(layout, b))
-        draws = stragglers_lib.parse(self.cfg.runtime.stragglers, workers, tc.seed)
-        self.gate, self.delta, self._reported = _Gate(), Delta(len(shards)), 0
-        self.worker = RoleWorker(self, wid, self._supply, shards, draws,
-                                 self.cfg.runtime.example_cost_us * 1e-6, dims)
-        rt = types.SimpleNamespace(dense_bytes=dense_bytes,
+        self.stop_role(key)
+        slot = self.slots[key] = _Slot(len(shards))
+        rt = types.SimpleNamespace(dense_bytes=dense_bytes, dense_apply=self._dense_apply(),
                                    dense_link=Link("sync-ps", float("inf")))
-        role = fn(rt, self.worker, *args)
-        self._thread = threading.Thread(target=self._drive, args=(role,),
-                                        name=f"recjax-role-w{wid}", daemon=True)
-        self._thread.start()
+        if supply is not None:
+            kind, *spec = supply
+            self.prepare(*share)
+            f, tc, layout = self._feed, self.cfg.train, self.layout
+            if kind == "shards":
+                skip, quota = spec[1:]
+                slot.supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle,
+                                           spec[0], skip, quota, lambda b: localize(layout, b),
+                                           f.depth)
+            else:
+                slot.supply = f.entries(*spec, lambda b: localize(layout, b))
+            draws = stragglers_lib.parse(self.cfg.runtime.stragglers, workers, tc.seed)
+            slot.worker = RoleWorker(self, slot, key, slot.supply, shards, draws,
+                                     self.cfg.runtime.example_cost_us * 1e-6, dims)
+        role = fn(rt, slot.worker, *args)
+        name = f"recjax-role-w{key}" if isinstance(key, int) else f"recjax-role-{key}"
+        slot.thread = threading.Thread(target=self._drive, args=(role, slot, supply is None),
+                                       name=name, daemon=True)
+        slot.thread.start()
 
-    def prepare(self, wid: int, workers: int, shares: bool = True) -> None:
-        """Open the data in this process for worker `wid` of `workers` (synthetic data
-        generated and, when the workers' supply `shares` the data out, its share kept:
-        `supply.Feed`; GBA's list may hand any worker any entry), once for the run: the
-        placement calls it before the clock runs, as the driver opens its own data while the
-        run sets up."""
+    def prepare(self, wid: int, workers: int) -> None:
+        """Open the data in this process, keeping worker `wid`'s share of `workers` (synthetic
+        data generated and its share kept: `supply.Feed`; ``(0, 1)``: all of it, for GBA's
+        list, which may hand any worker any entry, or a group of several workers), once for
+        the run: the placement calls it before the clock runs, as the driver opens its own
+        data while the run sets up."""
         from algorithms.runtime.supply import Feed
 
-        share = (wid, workers) if shares else (0, 1)
-        if self._feed is None or self._feed_share != share:
-            self._feed, self._feed_share = None, share
-            self._feed = Feed(self.cfg, self.batch_size, share=share)
+        share = (wid, workers)
+        with self._lock:
+            if self._feed is None or self._feed_share != share:
+                self._feed, self._feed_share = None, share
+                self._feed = Feed(self.cfg, self.batch_size, share=share)
 
-    def _drive(self, role) -> None:
+    def _dense_apply(self):
+        """The dense optimizer's update, jitted here (`engine.Runtime.dense_apply`'s)."""
+        from recjax.train.setup import make_dense_tx
+        from recjax.train.step import apply_dense
+
+        with self._lock:
+            if self._apply is None:
+                tx = make_dense_tx(self.cfg.dense)
+                self._apply = jax.jit(lambda p, o, g: apply_dense(tx, p, o, g))
+        return self._apply
+
+    # -- the objects the roles of this actor share (`ray_role_worker.GroupLocal`) -------------
+    def make_local(self, key: str, factory, *args) -> None:
+        """``factory(*args)`` as this actor's object `key`; a dense replica's update is
+        compiled now, before the clock runs."""
+        obj = LOCALS[key] = factory(*args)
+        if hasattr(obj, "apply") and hasattr(obj, "opt_state"):
+            jax.block_until_ready(self._dense_apply()(
+                obj.params, obj.opt_state, jax.tree.map(np.zeros_like, obj.params)))
+
+    def local_attr(self, key: str, name: str):
+        return jax.device_get(getattr(LOCALS[key], name))
+
+    def local_set(self, key: str, name: str, value) -> None:
+        setattr(LOCALS[key], name, value)
+
+    # -- the roles -----------------------------------------------------------------------------
+    def _drive(self, role, slot: _Slot, each_yield: bool) -> None:
         """`clock._drive` in real time, for Work and Wait: a straggler's slowdown slept here,
         the links' bytes counted (not held: see the module docstring); a Wait on a hosted
-        server's signal waits in that server's actor (`ray_wire.RemoteSignal`)."""
-        gate, value, error = self.gate, None, None
+        server's signal waits in that server's actor (`ray_wire.RemoteSignal`). A role
+        without batches (`each_yield`) passes the gate before each of its steps, as a worker's
+        role does before each batch."""
+        gate, value, error = slot.gate, None, None
         try:
             while not gate.stopped:
+                if each_yield and not gate.enter():
+                    break
                 t0 = time.perf_counter()
                 try:
                     effect = role.send(value)
@@ -224,9 +254,9 @@ class RoleServer(ComputeServer):
                     raise TypeError(f"a role in an actor yielded {effect!r}; only Work and "
                                     "Wait are supported there")
                 took = time.perf_counter() - t0 if effect.measured is None else effect.measured
-                with self.delta.lock:
+                with slot.delta.lock:
                     for link, nbytes in effect.transfers:
-                        self.delta.d["link_bytes"][link.name] += nbytes
+                        slot.delta.d["link_bytes"][link.name] += nbytes
                 idle = max((effect.factor - 1.0) * took, 0.0) + effect.pause
                 with gate.cond:  # the slowdown, then the pause; a stop cuts it short
                     gate.cond.wait_for(lambda: gate.stopped, timeout=idle)
@@ -234,164 +264,57 @@ class RoleServer(ComputeServer):
             error = e
         finally:
             role.close()
-            if self._supply is not None:
-                self._supply.close()
+            if slot.supply is not None:
+                slot.supply.close()
             gate.end(error)
 
-    def advance(self, n: int, seconds: float) -> dict:
-        """Let the role take up to `n` batches for `seconds`; the chunk's counters, and
-        ``done`` (the role ended: its share is trained), ``down`` (a shard whose actor died:
-        restart it and `set_handles`), ``error`` (the role's exception)."""
-        gate = self.gate
+    def advance(self, key, n: int, seconds: float) -> dict:
+        """Let role `key` take up to `n` batches (or steps) for `seconds`; the chunk's
+        counters, and ``done`` (the role ended: its share is trained), ``down`` (a shard whose
+        actor died: restart it and `set_handles`), ``error`` (the role's exception)."""
+        slot = self.slots[key]
+        gate = slot.gate
         gate.chunk(n, seconds)
-        with self.delta.lock:
-            out = self.delta.reset()
-        done = self.worker.counters.iterations  # (counted by the worker, or by its role)
-        out["iterations"], self._reported = done - self._reported, done
+        with slot.delta.lock:
+            out = slot.delta.reset()
+        now, was = slot.worker.counters, slot.reported
+        for k in ("iterations", "syncs", "sync_bytes"):  # (counted by the worker or the role)
+            out[k] = getattr(now, k) - getattr(was, k)
+            setattr(was, k, getattr(now, k))
         return {**out, "done": gate.done, "down": gate.down, "error": gate.error,
                 "parked": gate.parked}
 
-    def await_restart(self, shard: int, gen: int) -> bool:
-        """The role's thread: shard `shard` died; wait for the driver's new handle (True) or
+    def await_restart(self, slot: _Slot, shard: int, gen: int) -> bool:
+        """A role's thread: shard `shard` died; wait for the driver's new handle (True) or
         a stop (False)."""
-        gate = self.gate
+        gate = slot.gate
         with gate.cond:
-            if self.worker.gen[shard] == gen:
+            if slot.worker.gen[shard] == gen:
                 gate.down = shard
                 gate.cond.notify_all()
-                gate.cond.wait_for(lambda: gate.stopped or self.worker.gen[shard] != gen)
+                gate.cond.wait_for(lambda: gate.stopped or slot.worker.gen[shard] != gen)
             return not gate.stopped
 
     def set_handles(self, handles: list) -> None:
         """The shards' actors as they are now: ``(handle, restarts)`` per shard (None: no
-        tables); a shard restarted since the role last heard gets its new handle."""
-        gate = self.gate
-        with gate.cond:
-            for s, h in enumerate(handles):
-                if h is not None and h[1] != self.worker.restarts[s]:
-                    self.worker.handles[s], self.worker.restarts[s] = h
-                    self.worker.gen[s] += 1
-            gate.down = None
-            gate.cond.notify_all()
+        tables); each role's worker that last heard of an older one gets the new handle."""
+        for slot in self.slots.values():
+            w = slot.worker
+            if not isinstance(w, RoleWorker):
+                continue
+            with slot.gate.cond:
+                for s, h in enumerate(handles):
+                    if h is not None and h[1] != w.restarts[s]:
+                        w.handles[s], w.restarts[s] = h
+                        w.gen[s] += 1
+                slot.gate.down = None
+                slot.gate.cond.notify_all()
 
-    def stop_role(self) -> None:
-        """End the role where it waits (its next batch) and join its thread."""
-        if self._thread is not None:
-            self.gate.stop()
-            self._thread.join()
-            self._thread = None
-
-
-class ActorWorker:
-    """The driver's side of a worker whose role runs in its actor (`RoleServer`): the counters
-    the report and the summary read (`worker.Worker`'s), filled in per chunk."""
-
-    def __init__(self, rt, wid: int, supply, group: int):
-        from algorithms.runtime.supply import counted
-        from algorithms.runtime.worker import Counters
-
-        self.rt, self.wid, self.supply, self.group = rt, wid, supply, group
-        self.counters = Counters(shard_bytes=[0] * rt.ps.num_shards)
-        self.handle = rt.placement.groups.get(group, 1)
-        self._reader = counted(rt.data, f"worker {wid}")
-        self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
-        self.died = False  # its process died (not: its role raised)
-        self.idle = False  # the last chunk took no batch: the role waited on a Wait
-
-    def start(self, fn, args: tuple) -> None:
-        rt, sup = self.rt, self.supply
-        shards = [(sh.handle if sh.names else None, list(sh.names), sh.generation)
-                  for sh in rt.ps.shards]
-        dims = {t.name: t.embedding_dim for t in rt.model.layout.tables}
-        self._call("start_role", fn, self.wid, rt.num_workers, sup.actor_spec(), shards, dims,
-                   rt.dense_bytes, *args)
-
-    def _call(self, method: str, *args):
-        ray = _ray()
-        try:
-            return ray.get(getattr(self.handle, method).remote(*args))
-        except ray.exceptions.RayActorError as e:
-            self.died = True
-            raise WorkerLost(f"worker {self.wid} (group {self.group}) died: {e}") from e
-
-    def advance(self) -> bool:
-        """One chunk; True when the role has ended (its share trained)."""
-        ps, chunk_s = self.rt.ps, self.rt.cfg.ray.chunk_s
-        out = self._call("advance", self._allowance(), chunk_s)
-        while out["down"] is not None:  # restart the shard; the role redoes its request
-            self._take(out)
-            ps.shards[out["down"]].revive()
-            self._call("set_handles", [(sh.handle, sh.generation) if sh.names else None
-                                       for sh in ps.shards])
-            out = self._call("advance", self._allowance(), chunk_s)
-        self._take(out)
-        if out["error"] is not None:
-            raise out["error"]
-        self.idle = out["parked"] and not out["metrics"]  # a chunk spent waiting on a Wait
-        return out["done"]
-
-    def _allowance(self) -> int:
-        """Batches the next chunk may take: the chunks end where ``ray.kill`` injects a fault
-        (this worker's process before its I-th iteration; a shard's before its I-th push),
-        and the fault is injected there."""
-        n = 1 << 30
-        if self._kill_at:
-            n = self._kill_at - 1 - self.counters.iterations
-            if n <= 0:
-                self._kill_at, n = 0, 1  # the chunk's call finds the process dead
-                sigkill(self.handle, self.rt.placement.groups.pids[self.group])
-        for sh in self.rt.ps.shards:
-            left = sh.pushes_before_kill() if sh.names else None
-            if left is not None:
-                n = min(n, left)
-        return n
-
-    def _take(self, out: dict) -> None:
-        c, ps = self.counters, self.rt.ps
-        c.metrics += out["metrics"]
-        c.indices += out["indices"]
-        c.iterations += out["iterations"]
-        for s, b in enumerate(out["shard_bytes"]):
-            c.shard_bytes[s] += b
-        self._reader.rows += out["rows_read"]
-        for s, k in enumerate(out["pushes"]):
-            ps.shards[s].pushed_by_actors(k)  # a snapshot, if one is due
-        links = {link.name: link for link in (*self.rt.shard_links, self.rt.dense_link)}
-        for name, nbytes in out["link_bytes"].items():
-            if name in links:
-                links[name].bytes += nbytes
-
-    def stop(self) -> None:
-        """End the role in the actor (Ctrl-C, a failed role): it stops at its next batch."""
-        ray = _ray()
-        with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # dead or stuck: the
-            ray.get(self.handle.stop_role.remote(), timeout=30)           # run's stop kills it
-
-
-def remote_role(fn, worker: ActorWorker, *args, lost=None):
-    """The driver's role for a role run in `worker`'s actor: start ``fn(rt, worker, *args)``
-    there, then one chunk per yield (a zero `Work`: the driver's interpreter, report and
-    watchdog see a step of progress per chunk) until it ends. If the actor's process dies,
-    ``lost(wid)`` says so to the servers the role shared (GBA's PS0 stops waiting for it), as
-    the role itself does when its worker's process dies under it in a driver thread."""
-    limit, since = worker.rt.cfg.runtime.watchdog_s, None
-    worker.start(fn, args)
-    try:
-        while not worker.advance():
-            # A role parked on a Wait counts as stalled (watchdog.py); each chunk's yield is a
-            # heartbeat there, so the chunks spent waiting are counted here.
-            since = (since or time.monotonic()) if worker.idle else None
-            if since is not None and limit and time.monotonic() - since > limit:
-                raise RoleStalledError(
-                    f"role of worker {worker.wid} waited on a Wait in its Ray actor for "
-                    f"{time.monotonic() - since:.1f} s (runtime.watchdog_s={limit:g}): waiting "
-                    "that long on another role is a hang of that one (a lost process, a "
-                    "lock); the run stopped (with --out: checkpointed), or raise "
-                    "--runtime.watchdog_s if that role is only slow")
-            yield Work()
-    except WorkerLost:
-        if lost is not None and worker.died:
-            lost(worker.wid)
-        raise
-    finally:
-        worker.stop()
+    def stop_role(self, key=None) -> None:
+        """End role `key` (None: every role) where it waits and join its thread."""
+        for k in list(self.slots) if key is None else [key]:
+            slot = self.slots.get(k)
+            if slot is not None and slot.thread is not None:
+                slot.gate.stop()
+                slot.thread.join()
+                slot.thread = None

@@ -172,8 +172,10 @@ class Groups:
         if group not in self.handles:
             rt = self.rt
             names = [sh.names for sh in rt.ps.shards]
+            # a call per role may wait there (`RoleServer.advance`): its workers and a shadow
             h = self.cluster.spawn(self.body, rt.cfg, rt.data.spec, rt.batch_size, names,
-                                 concurrency=8, resource=rt.cfg.ray.worker_resource,
+                                 concurrency=9 + self.sizes[group],
+                                 resource=rt.cfg.ray.worker_resource,
                                  xla_threads=self.sizes[group])
             self.handles[group] = h
             self.pids[group] = _ray().get(h.pid.remote())

@@ -113,9 +113,9 @@ def _between(samples: list, lo: float, hi: float) -> dict:
 def _measured():
     """``[measured seconds]`` of every worker step recorded inside (`worker.record_step`'s
     `measured`: a Ray worker's gradient computation, timed in its actor)."""
-    from algorithms.runtime import ray_roles, worker
+    from algorithms.runtime import ray_role_driver, worker
 
-    record, take, out = worker.record_step, ray_roles.ActorWorker._take, []
+    record, take, out = worker.record_step, ray_role_driver.ActorWorker._take, []
 
     def noted(rt, wid, counters, item, m, it, measured=None, factor=None):
         if measured is not None:
@@ -127,12 +127,12 @@ def _measured():
         return take(self, got)
 
     worker.record_step = noted  # read by each `RayWorker` as it is built
-    ray_roles.ActorWorker._take = chunk
+    ray_role_driver.ActorWorker._take = chunk
     try:
         yield out
     finally:
         worker.record_step = record
-        ray_roles.ActorWorker._take = take
+        ray_role_driver.ActorWorker._take = take
 
 
 def _run(config, workers: int, per_worker: int, batch: int, factor: float, seed: int) -> dict:
