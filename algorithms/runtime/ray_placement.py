@@ -165,9 +165,8 @@ class RayPlacement:
     def warm(self, params, batch, shares=True):
         """Compile the groups' functions and (roles in the actors) open their data."""
         # (a group of one worker is that worker: it keeps its share; a larger one, all)
-        keep = ray_role_driver.keep
-        opening = [h.prepare.remote(*keep(types.SimpleNamespace(shares=shares), g,
-                                          self.rt.num_workers, self.groups.sizes[g]))
+        keep, w = ray_role_driver.keep, self.rt.num_workers
+        opening = [h.prepare.remote(*keep(shares, g, w, self.groups.sizes[g]))
                    for g, h in self.groups.handles.items()] if self.in_actors else []
         self.groups.warm_all(params, batch)
         ray_backend._ray().get(opening)

@@ -39,17 +39,13 @@ def in_actors(cfg) -> bool:
     return True
 
 
-
-
-def keep(supply, wid, workers: int, group_size: int) -> tuple[int, int]:
+def keep(shares: bool, wid, workers: int, group_size: int) -> tuple[int, int]:
     """The share of the training data a worker group's actor keeps for its roles
     (`RoleServer.prepare`): worker `wid`'s of `workers` where the group is that one worker
-    and its supply gives each worker its own examples (`supply.StaticShards`); all of it
-    (``(0, 1)``) for GBA's list, which may hand any worker any entry, or a group of several
-    workers (a ShadowSync trainer's)."""
-    if supply is not None and getattr(supply, "shares", True) and group_size == 1:
-        return wid, workers
-    return 0, 1
+    and its supply `shares` the data out, each worker its own examples (`supply.StaticShards`);
+    all of it (``(0, 1)``) for GBA's list, which may hand any worker any entry, or a group of
+    several workers (a ShadowSync trainer's)."""
+    return (wid, workers) if shares and group_size == 1 else (0, 1)
 
 
 class ActorWorker:
@@ -83,9 +79,8 @@ class ActorWorker:
         shards = [(sh.handle if sh.names else None, list(sh.names), sh.generation)
                   for sh in rt.ps.shards]
         dims = {t.name: t.embedding_dim for t in rt.model.layout.tables}
-        self._call("start_role", fn, self.wid, rt.num_workers, keep(sup, self.wid,
-                                                                    rt.num_workers,
-                                                                    self.group_size),
+        share = keep(sup is not None and sup.shares, self.wid, rt.num_workers, self.group_size)
+        self._call("start_role", fn, self.wid, rt.num_workers, share,
                    sup.actor_spec() if sup is not None else None, shards, dims,
                    rt.dense_bytes, *args)
 
@@ -151,7 +146,7 @@ class ActorWorker:
         """End the role in the actor (Ctrl-C, a failed role): it stops at its next batch."""
         ray = _ray()
         with contextlib.suppress(ray.exceptions.RayError, TimeoutError):  # dead or stuck: the
-            ray.get(self.handle.stop_role.remote(self.wid), timeout=30)           # run's stop kills it
+            ray.get(self.handle.stop_role.remote(self.wid), timeout=30)  # run's stop kills it
 
 
 def remote_role(fn, worker: ActorWorker, *args, lost=None):
