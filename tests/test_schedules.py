@@ -38,10 +38,10 @@ def test_fr_sync_schedule(monkeypatch, k, want):
     seen: dict[int, list[int]] = {}
     orig = shadowsync.Syncer.step
 
-    def step(self):
-        worker = self.counters  # FR syncers count into their worker's counters
-        seen.setdefault(id(worker), []).append(worker.iterations)
-        return (yield from orig(self))
+    def step(self, rt, counters):
+        # FR syncers count into their worker's counters
+        seen.setdefault(id(counters), []).append(counters.iterations)
+        return (yield from orig(self, rt, counters))
 
     monkeypatch.setattr(shadowsync.Syncer, "step", step)
     s = shadowsync.run(small_cfg("fr", steps=20, sync="ma", sync_gap=k, trainers=2,
