@@ -14,15 +14,13 @@ and sets it through the proxy (an eval, a checkpoint, a resume, between chunks).
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
 import types
 
 from algorithms.runtime.clock import Link, Work, WorkerLost
 from algorithms.runtime.ps import shard_bytes
 from algorithms.runtime.ray_backend import _ray
-from algorithms.runtime.ray_wire import pack_rows, unpack_rows, wire_rows
-from algorithms.runtime.segments import StateLost
+from algorithms.runtime.ray_wire import pack_rows, state_lost, unpack_rows, wire_rows
 
 LOCALS: dict[str, object] = {}  # this actor's objects its roles share (`GroupLocal`)
 
@@ -57,14 +55,8 @@ class GroupLocal:
         with self._lost():
             _ray().get(self._handle.local_set.remote(self._key, name, value))
 
-    @contextlib.contextmanager
     def _lost(self):
-        try:
-            yield
-        except _ray().exceptions.RayActorError as e:
-            raise StateLost(f"the Ray actor holding {self._key} ({self._cls.__name__}) died, "
-                            "and that part of the run's state with it; the run stops without "
-                            "a new checkpoint") from e
+        return state_lost(f"{self._key} ({self._cls.__name__})")
 
 
 class Delta:

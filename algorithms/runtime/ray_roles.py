@@ -21,9 +21,10 @@ versions of what the role touches:
 * what the roles of one group share (a ShadowSync trainer's replica): made in the group's
   actor (`RoleServer.make_local`, `placement.beside`), the object itself there.
 
-The driver's part is `ray_role_driver.remote_role`: it starts the role in the actor and then lets it run in
-chunks of ``ray.chunk_s`` seconds (`RoleServer.advance`), each ending where the role asks for its
-next batch, i.e. after its previous step's pushes landed, so the state is whole between chunks:
+The driver's part is `ray_role_driver.remote_role`: it starts the role in the actor and then
+lets it run in chunks of ``ray.chunk_s`` seconds (`RoleServer.advance`), each ending where the
+role asks for its next batch, i.e. after its previous step's pushes landed, so the state is
+whole between chunks:
 an eval, a checkpoint or a stop waits for at most one chunk. Per chunk the driver takes the
 chunk's counters (the batches' metrics, the bytes each shard served, the pushes each shard
 took) into the driver-side `ActorWorker`, which the report and the summary read as they read a

@@ -204,6 +204,17 @@ class RemoteSignal:
         return False
 
 
+@contextlib.contextmanager
+def state_lost(what: str):
+    """A call to an actor that holds run state which is not restarted (a hosted server, a
+    group's shared object): that actor's death as `StateLost`, naming `what` it held."""
+    try:
+        yield
+    except _ray().exceptions.ActorDiedError as e:
+        raise StateLost(f"the Ray actor of {what} died, and the run's state held there with it "
+                        "(it is not restarted); the run stops without a new checkpoint") from e
+
+
 class Hosted:
     """A proxy of an object living in an actor (see `host`).
 
@@ -236,15 +247,8 @@ class Hosted:
                 return _ray().get(self._handle.attr.remote(name))
         return _Method(self, name)
 
-    @contextlib.contextmanager
     def _lost(self):
-        """Its actor's death as `StateLost` (the server's state is not restarted)."""
-        try:
-            yield
-        except _ray().exceptions.ActorDiedError as e:
-            raise StateLost(f"the Ray actor of {self._cls.__name__} died, and the run's state "
-                            "held there with it (it is not restarted); the run stops without a "
-                            "new checkpoint") from e
+        return state_lost(self._cls.__name__)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{self._cls.__name__} lives in a Ray actor; set {name} through "
