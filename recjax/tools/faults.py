@@ -239,6 +239,22 @@ def ray_cases(work: pathlib.Path, timeout: float, victims=tuple(RAY_VICTIMS)) ->
             "processes_left": sum(c["processes_left"] for c in cases)}
 
 
+def _recorded(metrics: pathlib.Path) -> int:
+    """The newest step of a ``train`` record in `metrics` (-1: none yet). The records written
+    at a checkpoint interval's end carry its last step, so a record past the newest committed
+    checkpoint is the first sign the next interval trains (its roles start afresh, which under
+    load takes seconds: a fixed wait after any record killed some runs before their first
+    step, leaving the stop nothing to add)."""
+    steps = [-1]
+    with contextlib.suppress(OSError):
+        for line in metrics.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if rec.get("kind") == "train":
+                    steps.append(int(rec["step"]))
+    return max(steps)
+
+
 def _ray_case(name, p, mark, out, log, timeout) -> dict:
     """Kill `name` once the run `p` trains its second interval (``gcs_setup``: while it sets
     up); what followed."""
@@ -255,11 +271,10 @@ def _ray_case(name, p, mark, out, log, timeout) -> dict:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(victim, signal.SIGKILL)
         elif hits and ("ComputeServer" in cmds or "RoleServer" in cmds):  # workers up
-            size = metrics.stat().st_size if metrics.exists() else 0
-            while (metrics.exists() and metrics.stat().st_size == size
+            last = committed(out)[-1]
+            while (_recorded(metrics) <= last
                    and p.poll() is None and time.monotonic() - t0 < timeout):
-                time.sleep(0.1)  # until the interval trains: its roles write a record
-            time.sleep(1)
+                time.sleep(0.1)  # until the interval trains: a record past its start
             if hits[0] in _procs(mark):  # not the end of an interval
                 before = committed(out)
                 victim = p.pid if name == "driver" else hits[0]
