@@ -149,3 +149,26 @@ def test_the_poll_reads_a_remote_step_once_a_chunk_and_the_hold_reads_it_exactly
         r.step, r._polled = step, (float("-inf"), 10)
         seen = [r._poll_step(t) for t in (100.0, 100.05, 100.45, 100.5, 100.9, 101.2)]
         assert seen == expect and len(reads) == expect[-1] - 10
+
+
+def test_record_rates_are_over_training_seconds_not_the_set_up(tmp_path, monkeypatch):
+    """Threads: a record's rate is its steps' examples over the training seconds since the
+    record before; the set-up before the roles start (compiles; Ray's actors: seconds) is in
+    none of them. Its origin at the reporter's making put a slow set-up into the first window
+    and took it out of the last, whose rate then read 1e15 examples/s (a GBA run on Ray wrote
+    2.8e15 at a checkpoint interval's end)."""
+    import time
+
+    from algorithms.runtime.placement import InProcess
+
+    setup_s = 2.0
+    monkeypatch.setattr(InProcess, "warm", lambda self, *a, **k: time.sleep(setup_s))
+    cfg = _cfg("async", tmp_path, deterministic=False, eval_every=0)
+    s = algorithms.run(cfg)
+    train = [r for r in _records(tmp_path) if r["kind"] == "train"]
+    steps = [0] + [r["step"] for r in train]
+    window_s = [(b - a) * B / r["examples_per_sec"] for a, b, r in zip(steps, steps[1:], train)]
+    assert len(window_s) >= 2 and steps[-1] == STEPS
+    # each window is positive, and none holds the set-up (the run trains in a fraction of it)
+    assert all(0 < w < setup_s for w in window_s), window_s
+    assert sum(window_s) == pytest.approx(s["train_seconds"], rel=1e-6)

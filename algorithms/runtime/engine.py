@@ -313,6 +313,7 @@ class Runtime:
             group = ThreadGroup("recjax-rt")
             self.report.bind(group.stop)
             roles = [dataclasses.replace(r, role=self.report.wrap(r.role)) for r in roles]
+            self.report.start()
             sched = run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll)
             sched.seconds -= self.report.paused  # evals and records are not training time
             return sched

@@ -94,6 +94,14 @@ class Reporter:
         self._stop: threading.Event | None = None
         self.early: tuple | None = None  # (TrainState, eval, predictions) where the run stopped
 
+    def start(self) -> None:
+        """Threads: the roles start now. The records' rates are over training seconds from
+        here, the origin of the interval's `Schedule.seconds` (which `final` and `boundary` are
+        given): an origin at the reporter's making counted the set-up (compiles, Ray actors)
+        into the first record and none of it into the last, whose rate then read 1e15
+        examples/s after a set-up longer than the interval's last record window."""
+        self.t_start = self._t_progress = time.perf_counter()
+
     # -- the two interpreters' hooks ---------------------------------------------------------
     def on_event(self, now: float) -> bool:
         """Virtual clock: called after every event, with the virtual time; True ends the run
