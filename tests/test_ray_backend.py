@@ -207,6 +207,7 @@ CONVERGE = {  # algorithm -> (config keywords); the tolerance is in the test
     "gba": dict(workers=4, mode="gba"),
     "persia": dict(nn_workers=2, embedding_workers=1, staleness=2),
 }
+CONVERGE_STEPS = 120  # within the first epoch: see the test
 RUNNERS = {"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run,
            "gba": gba.run, "persia": persia.run}
 
@@ -216,22 +217,26 @@ RUNNERS = {"async": async_ps.run, "shadow": shadowsync.run, "fr": shadowsync.run
 def test_converges_as_on_threads(cluster, algo):
     """Each algorithm reaches the eval NE of its threaded runs on the teacher data: the mean of
     two Ray runs at most 0.04 NE above the mean of two threaded runs (and not below the
-    Bayes-optimal NE). One run is a noisy
-    measurement: the interleaving of Hogwild pushes (and ShadowSync's background syncs)
-    differs run to run on either backend, and Ray's slower calls only change the
-    interleaving. Measured spreads: two GBA runs 0.9717 and 0.9465; eight ShadowSync runs
-    0.937-0.959 (idle box and three busy loops beside it), and once, in `.ci/run` under the
-    other tests' load, a threaded 0.9916 against Ray's 0.9434; FR on the idle box, three
-    threaded / Ray pairs: 0.970 / 0.962, 0.969 / 0.971, 0.967 / 0.971, and once, in `.ci/run`,
-    a Ray run at 0.9956. ``async`` runs its roles in the actors (``--ray.roles auto``),
-    ``async-driver`` in the driver's threads."""
+    Bayes-optimal NE). One run is a noisy measurement: the interleaving of Hogwild pushes (and
+    ShadowSync's background syncs) differs run to run on either backend, and Ray's slower
+    calls only change the interleaving.
+
+    120 steps: the first epoch (8,192 examples, B = 64: 128 steps). Past it the model
+    overfits these 8K examples (threads, 3 runs each: FR's eval NE 0.952 at 125 steps, 0.950-
+    0.961 at 200, 0.982-1.009 at 300, while its train NE falls 0.969 -> 0.925), and the second
+    epoch's first steps spread it: four threaded runs each at 150 / 120 steps (idle AMD box,
+    2026-11-28) gave FR 0.961-0.988 / 0.948-0.950, Persia 0.956-0.983 / 0.953-0.957, async
+    0.935-0.975 / 0.950-0.964, S-EASGD 0.942-0.959 / 0.956-0.960, GBA 0.944-0.951 / 0.942-
+    0.954. At 150 the ``< 0.99`` check failed in `.ci/run` twice on FR (once a Ray run at
+    0.9956; once Ray 0.982 and 0.998 beside threaded 0.964 and 0.976). ``async`` runs its roles in the actors
+    (``--ray.roles auto``), ``async-driver`` in the driver's threads."""
     algo, _, where = algo.partition("-")
-    base = small_cfg(algo, steps=150, dense=("adam", 0.01), sparse=("adagrad", 0.05),
+    base = small_cfg(algo, steps=CONVERGE_STEPS, dense=("adam", 0.01), sparse=("adagrad", 0.05),
                      **CONVERGE[algo])
     t, t2 = (RUNNERS[algo](on_threads(base)) for _ in range(2))
     r, r2 = (RUNNERS[algo](on_ray(base, roles=where or "auto")) for _ in range(2))
     assert r["backend"] == "ray" and t["backend"] == "threads"
-    assert r["steps"] == r2["steps"] == t["steps"] == t2["steps"] == 150
+    assert r["steps"] == r2["steps"] == t["steps"] == t2["steps"] == CONVERGE_STEPS
     want = (t["eval_ne"] + t2["eval_ne"]) / 2
     got = (r["eval_ne"] + r2["eval_ne"]) / 2
     ne = (r["eval_ne"], r2["eval_ne"], t["eval_ne"], t2["eval_ne"])
@@ -244,15 +249,15 @@ def test_converges_as_on_threads(cluster, algo):
     assert r["lost_roles"] == [] and r["ps_restarts"] == 0
     # the counters the threaded run reports are there and add up
     if algo == "async":
-        assert sum(r["staleness_histogram"].values()) == 150
+        assert sum(r["staleness_histogram"].values()) == CONVERGE_STEPS
     if algo in ("shadow", "fr"):
         assert r["syncs"] > 0 and r["avg_sync_gap"] > 0
         assert r["worker_iterations"] == t["worker_iterations"]
     if algo == "gba":
-        assert r["gradients_applied"] + r["dropped_gradients"] == r["tokens_handed_out"] == 600
-        assert r["updates"] == t["updates"] == 150
+        assert r["gradients_applied"] + r["dropped_gradients"] == r["tokens_handed_out"] == 4 * CONVERGE_STEPS
+        assert r["updates"] == t["updates"] == CONVERGE_STEPS
     if algo == "persia":
-        assert r["embedding_updates"] == 150
+        assert r["embedding_updates"] == CONVERGE_STEPS
         assert r["embedding_staleness"]["max"] <= 2
 
 
