@@ -274,3 +274,39 @@ def test_open_data_fills_the_cache_only_when_it_fits(criteo_parquet):
         assert data.train.is_cached == cached_after
         assert data.train.source.rows_read == read
         assert data.train_rows == int(np.count_nonzero(data.keep_train(np.arange(7200))))
+
+
+def test_rows_read_counts_every_read_of_threads_at_once(monkeypatch):
+    """The workers' supplies of one run read a shared source by position from several threads:
+    ``rows_read`` (summary.json's ``data_rows_read``) counts every example. The bare ``+=``
+    lost counts whenever a thread switch fell between its read and its write (the synthetic
+    source computes a chunk's size in between): forced here by switching threads every
+    microsecond, each take of a chunk the source does not keep (each thread its own two
+    chunks: another's kept chunk never spares it a count)."""
+    import sys
+    import threading
+
+    import recjax.data.seek as seek_mod
+
+    src = SyntheticSource(preset("smoke"))
+    takes, threads = 3000, 4
+    n_chunks = 2 * threads
+    monkeypatch.setattr(src, "CHUNK", 64)
+    monkeypatch.setattr(src, "num_rows", 64 * n_chunks, raising=False)
+    monkeypatch.setattr(src, "_generate", lambda c, n: (None, None))  # counting, not making
+    monkeypatch.setattr(seek_mod, "gather", lambda sizes, read, pos: read(int(pos[0]) // 64))
+
+    def go(k):
+        for i in range(takes):
+            src._last = (None,)  # no chunk kept: every take counts its chunk
+            src.take_rows(np.array([(2 * k + i % 2) * 64]))
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        ts = [threading.Thread(target=go, args=(k,)) for k in range(threads)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+    finally:
+        sys.setswitchinterval(old)
+    assert src.rows_read == threads * takes * 64

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from recjax.batch import Chunk
-from recjax.data.base import DataError, ReadStats, even_chunk_sizes
+from recjax.data.base import DataError, ReadStats, count_rows, even_chunk_sizes
 from recjax.features import FeatureSpec, FieldSpec
 
 
@@ -170,7 +170,7 @@ class ArraySource:
 
     def take_rows(self, positions: np.ndarray) -> Chunk:
         positions = np.asarray(positions, np.int64)
-        self.rows_read += positions.size
+        count_rows(self, positions.size)
         return self._rows(positions, positions.copy())
 
     def as_raw_ids(self) -> ArraySource:

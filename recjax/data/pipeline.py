@@ -26,7 +26,7 @@ import numpy as np
 
 from recjax.batch import Batch, Chunk, take, to_batch
 from recjax.data import seek
-from recjax.data.base import DataSource, ReadStats, all_skipped_error
+from recjax.data.base import DataSource, ReadStats, all_skipped_error, count_rows
 from recjax.data.hashing import uniform01
 from recjax.data.stages import rebatch, select, shuffle  # noqa: F401 (re-exported)
 
@@ -167,7 +167,7 @@ class CachedSource:
         if self._chunks is None:
             return self.source.take_rows(positions)
         out = seek.gather(self.chunk_sizes(), self._chunks.__getitem__, positions)
-        self._handed += out.size
+        count_rows(self, out.size, "_handed")
         return out
 
     @property

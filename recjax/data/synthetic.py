@@ -27,7 +27,7 @@ import numpy as np
 from recjax.batch import Chunk, take
 from recjax.concurrency import ordered_map
 from recjax.config_fields import RESUMABLE, check_choices
-from recjax.data.base import ReadStats, even_chunk_sizes
+from recjax.data.base import ReadStats, count_rows, even_chunk_sizes
 from recjax.features import FeatureSpec, FieldSpec
 
 # Criteo Kaggle cardinalities (DLRM's preprocessing), used by the "criteo" preset.
@@ -341,7 +341,7 @@ class SyntheticSource:
         def read(c: int) -> Chunk:  # the last chunk is kept: a block after block makes it once
             last = getattr(self, "_last", (None,))  # one read: safe when threads share it
             if last[0] != c:
-                self.rows_read += self.chunk_sizes()[c]
+                count_rows(self, self.chunk_sizes()[c])
                 last = self._last = (c, self._generate(c, self.chunk_sizes()[c])[0])
             return last[1]
 
