@@ -292,19 +292,21 @@ def _ray_case(name, p, mark, out, log, timeout) -> dict:
     while _procs(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
     left, after, text = _procs(mark), committed(out), log.read_text()
-    resumed = None
+    resumed, resume_error = None, ""
     if after:
         r = subprocess.run([sys.executable, TRAIN, *COMMON, "--algo", "gba", "--steps",
                             str(after[-1] + 10), "--out", str(out), "--resume"],
                            capture_output=True, text=True, timeout=timeout)
         resumed = r.returncode == 0
+        resume_error = "" if resumed else (r.stdout + r.stderr)[-2000:]  # why, when it failed
     error = [ln for ln in text.splitlines() if ln.startswith("error:")]
     return {"victim": name, "killed": victim is not None, "exit": code,
             "stopped_s": round(stopped_s, 1), "traceback": "Traceback" in text,
             "error": error[-1] if error else "", "committed_before": before,
             "committed_after": after, "lost": bool(before) and (
                 not after or after[-1] < before[-1]),
-            "resumed": resumed, "processes_left": len(left), "log": str(log)}
+            "resumed": resumed, "resume_error": resume_error, "processes_left": len(left),
+            "log": str(log)}
 
 
 def final_arrays(out: pathlib.Path) -> list:
