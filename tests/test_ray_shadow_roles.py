@@ -133,3 +133,70 @@ def test_a_killed_trainer_ends_its_roles_and_its_replica_is_lost(cluster):
                                                                    return_model="average"))
     with pytest.raises(StateLost, match="Replica-1"):
         shadowsync.run(on_ray(avg, kill="worker:1@5", roles="actors"))
+
+
+@pytest.mark.slow
+def test_a_killed_sync_ps_stops_the_run_naming_it(cluster):
+    """kill -9 of the EASGD sync PS's actor (wPS: state that is not restarted) while the
+    shadows sync: the run stops within seconds with `StateLost` naming the sync PS, not a hang
+    of the shadows waiting on it nor a model returned without it."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from algorithms.runtime.segments import StateLost
+
+    base = small_cfg("shadow", steps=100_000, dense=("adam", 0.01), sparse=("adagrad", 0.05),
+                     trainers=2, workers_per_trainer=1, sync="easgd")
+    got: list = []
+    run = threading.Thread(target=lambda: got.append(_outcome(shadowsync.run, on_ray(
+        base, roles="actors"))), daemon=True)
+    run.start()
+    deadline, pid = time.time() + 180, None
+    while pid is None and time.time() < deadline and run.is_alive():
+        hosts = _descendants("ray::_Host")  # the hosted sync PS (this test's Ray instance)
+        if hosts:
+            time.sleep(3)  # the shadows sync with it meanwhile
+            pid = hosts[0]
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+    assert pid is not None, got
+    t_kill = time.time()
+    run.join(120)
+    assert not run.is_alive(), "the run hung after its sync PS died"
+    assert time.time() - t_kill < 60
+    (e,) = got
+    assert isinstance(e, StateLost) and "SyncPS" in str(e), repr(e)
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except BaseException as e:  # the test reads what the run raised
+        return e
+
+
+def _descendants(name: str) -> list[int]:
+    """Pids of this process's descendants (a local Ray instance: its raylet, its workers and
+    actors) whose command line starts with `name`; never another test's (pytest-xdist)."""
+    import os
+
+    parent, cmd = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd[int(pid)] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [p for p, c in cmd.items() if c.startswith(name) and ours(p)]
