@@ -222,7 +222,7 @@ def test_converges_as_on_threads(cluster, algo):
     calls only change the interleaving.
 
     120 steps: the first epoch (8,192 examples, B = 64: 128 steps). Past it the model
-    overfits these 8K examples (threads, 3 runs each: FR's eval NE 0.952 at 125 steps, 0.950-
+    overfits these 8K examples (threads, 3 runs each: FR's eval NE 0.951-0.955 at 125 steps, 0.950-
     0.961 at 200, 0.982-1.009 at 300, while its train NE falls 0.969 -> 0.925), and the second
     epoch's first steps spread it: four threaded runs each at 150 / 120 steps (idle AMD box,
     2026-11-28) gave FR 0.961-0.988 / 0.948-0.950, Persia 0.956-0.983 / 0.953-0.957, async
