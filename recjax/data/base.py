@@ -99,10 +99,10 @@ _COUNT = threading.Lock()  # one for every source: a module's, so a source still
 
 
 def count_rows(source, n: int, field: str = "rows_read") -> None:
-    """``source.rows_read += n`` (or `field`'s) for a source that threads read by position at once (the
-    workers' supplies of one run share it): the bare ``+=`` loses counts when a thread switch
-    falls between its read and its write (measured: 14,336 of 1,024,000 lost, 4 threads on
-    SyntheticSource.take_rows, whose sizes call sat between the two)."""
+    """``source.rows_read += n`` (or `field`'s) for a source that threads read by position at
+    once (the workers' supplies of one run share it): the bare ``+=`` loses counts when a
+    thread switch falls between its read and its write (measured: 14,336 of 1,024,000 lost, 4
+    threads on SyntheticSource.take_rows, whose sizes call sat between the two)."""
     with _COUNT:
         setattr(source, field, getattr(source, field) + n)
 
