@@ -150,16 +150,20 @@ def test_a_killed_sync_ps_stops_the_run_naming_it(cluster):
     base = small_cfg("shadow", steps=100_000, dense=("adam", 0.01), sparse=("adagrad", 0.05),
                      trainers=2, workers_per_trainer=1, sync="easgd")
     got: list = []
+    old = set(_descendants("ray::_Host"))  # an earlier test's, exiting: not this run's
     run = threading.Thread(target=lambda: got.append(_outcome(shadowsync.run, on_ray(
         base, roles="actors"))), daemon=True)
     run.start()
     deadline, pid = time.time() + 180, None
     while pid is None and time.time() < deadline and run.is_alive():
-        hosts = _descendants("ray::_Host")  # the hosted sync PS (this test's Ray instance)
+        hosts = [p for p in _descendants("ray::_Host") if p not in old]  # the sync PS
         if hosts:
             time.sleep(3)  # the shadows sync with it meanwhile
-            pid = hosts[0]
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(hosts[0], signal.SIGKILL)
+                pid = hosts[0]
+            except ProcessLookupError:  # gone meanwhile: not the run's sync PS
+                old.add(hosts[0])
         time.sleep(0.5)
     assert pid is not None, got
     t_kill = time.time()
@@ -186,7 +190,10 @@ def _descendants(name: str) -> list[int]:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                parent[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            if state == "Z":  # exited, not yet reaped
+                continue
+            parent[int(pid)] = int(ppid)
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd[int(pid)] = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
