@@ -24,11 +24,10 @@ versions of what the role touches:
 The driver's part is `ray_role_driver.remote_role`: it starts the role in the actor and then
 lets it run in chunks of ``ray.chunk_s`` seconds (`RoleServer.advance`), each ending where the
 role asks for its next batch, i.e. after its previous step's pushes landed, so the state is
-whole between chunks:
-an eval, a checkpoint or a stop waits for at most one chunk. Per chunk the driver takes the
-chunk's counters (the batches' metrics, the bytes each shard served, the pushes each shard
-took) into the driver-side `ActorWorker`, which the report and the summary read as they read a
-threaded worker's. The driver's work is per chunk, not per step.
+whole between chunks: an eval, a checkpoint or a stop waits for at most one chunk. Per chunk
+the driver takes the chunk's counters (the batches' metrics, the bytes each shard served, the
+pushes each shard took) into the driver-side `ActorWorker`, which the report and the summary
+read as they read a threaded worker's. The driver's work is per chunk, not per step.
 
 Failures, as under ``driver`` roles: a worker actor that dies ends its role (`clock.WorkerLost`);
 a PS shard that dies under a pull or push is restarted by the driver's `ray_ps.ShardProxy`
