@@ -136,12 +136,22 @@ def interval(rt: Runtime) -> dict:
     # in an actor of its own when they run in theirs.
     server = (rt.placement.host(SyncPS, sync_server, s0.params, rule, near_roles=True)
               if rule.name == "easgd" else None)
+    # MA / BMUF: the all-reduce groups, FR's worker j of every trainer one group, the shadows
+    # one; here, or (Ray, roles in the actors) hosted in an actor of their own
+    groups = [None] * m
     if rule.collective:  # compile before threads start
         rule.local(sync_rules.bmuf_init(s0.params), s0.params, s0.params)
-        rule.mean([s0.params] * n)
+        groups = rt.placement.rendezvous(m if foreground else 1, n, rule.mean, s0.params)
 
-    def group():
-        return Rendezvous(n, rule.mean) if rule.collective else None
+    def syncer(i: int, group, name: str) -> Syncer:
+        """Trainer i's party of `group`, beside its replica (its BMUF state lives there)."""
+        return rt.placement.beside(i, Syncer, rule, replicas[i], i, server, group,
+                                   group_size=m, name=name)
+
+    def closes(group):
+        """A party's actor died (Ray, roles in the actors): its peers stop waiting for it, as
+        the role's own ``finally`` does where the role runs here."""
+        return None if group is None else (lambda _: group.close())
 
     supply = rt.static_shards()
     syncers: list[Syncer] = []  # every party of a sync, in a fixed order (their BMUF states)
@@ -150,24 +160,24 @@ def interval(rt: Runtime) -> dict:
                for w in range(rt.num_workers)]
     sync_counters = [Counters() for _ in range(n)]
     roles = []
-    fr_groups = [group() for _ in range(m)]  # FR: worker j of every trainer all-reduce together
     for i in range(n):
         for j in range(m):
             w = workers[i * m + j]
-            syncer = None
+            party = None
             if foreground and rule.name != "none":
-                syncer = Syncer(rule, replicas[i], i, server, fr_groups[j])
-                syncers.append(syncer)
+                party = syncer(i, groups[j], f"Syncer-w{j}")
+                syncers.append(party)
             roles.append(RoleSpec(f"t{i}-worker{j}", rt.placement.run_role(
-                worker_role, w, replicas[i], syncer, sc.sync_gap)))
+                worker_role, w, replicas[i], party, sc.sync_gap,
+                lost=closes(groups[j] if party is not None else None))))
     if not foreground and rule.name != "none":
-        shadow_group = group()
         for i in range(n):
-            syncer = Syncer(rule, replicas[i], i, server, shadow_group)
-            syncers.append(syncer)
+            party = syncer(i, groups[0], "Syncer-shadow")
+            syncers.append(party)
             shadow = rt.placement.companion(i, sync_counters[i], group_size=m)
             roles.append(RoleSpec(f"t{i}-shadow", rt.placement.run_role(
-                shadow_role, shadow, syncer, sc.shadow_interval_ms * 1e-3), foreground=False))
+                shadow_role, shadow, party, sc.shadow_interval_ms * 1e-3,
+                lost=closes(groups[0])), foreground=False))
 
     counters = sync_counters + [w.counters for w in workers]
     # what a checkpoint keeps beyond the train state (`Runtime.own`): every replica as it is,

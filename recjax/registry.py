@@ -146,19 +146,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _all_reduce(cfg) -> bool:
-    """ShadowSync's ``--sync ma`` / ``bmuf``: an all-reduce among the trainers' roles, which
-    cannot meet across Ray actors yet (EASGD's sync PS and ``none`` can run there)."""
-    return ("shadowsync" in REGISTRY[cfg.train.algo].sections
-            and cfg.shadowsync.sync in ("ma", "bmuf"))
-
-
 def roles_in_actors(cfg) -> bool:
     """Whether a ``--backend ray`` run's worker roles run in their actors: ``--ray.roles
-    actors``, or ``auto`` for an algorithm with the capability (ShadowSync's all-reduce rules
-    keep theirs in the driver)."""
+    actors``, or ``auto`` for an algorithm with the capability."""
     roles = cfg.ray.roles
-    return roles == "actors" or (roles == "auto" and not _all_reduce(cfg)
+    return roles == "actors" or (roles == "auto"
                                  and "actor_roles" in REGISTRY[cfg.train.algo].supports)
 
 
@@ -178,7 +170,3 @@ def check(cfg) -> None:
                                      if whole and len(able) > 1 else "")
             raise ValueError(f"{rule.flag} runs with --algo {which}, which "
                              f"{CAPABILITIES[rule.needs]}; --algo {algo.name} {rule.otherwise}")
-    if cfg.runtime.backend == "ray" and cfg.ray.roles == "actors" and _all_reduce(cfg):
-        raise ValueError(f"--ray.roles actors: --sync {cfg.shadowsync.sync} all-reduces among "
-                         "the trainers' roles, which cannot meet across Ray actors yet; use "
-                         "--sync easgd or none there, or --ray.roles driver (or auto)")

@@ -127,6 +127,66 @@ def test_a_chunk_ends_while_the_role_waits_on_a_wait_and_no_batch_is_taken_after
     assert not t.is_alive() and s.gate.done and s.gate.error is None and log == [0]
 
 
+def test_a_chunk_ends_while_the_role_waits_in_a_collective_and_it_applies_the_result_in_one():
+    """ShadowSync's MA / BMUF in a trainer's actor: `_drive` parks the role in a `Collective`
+    (the group hosted elsewhere; here a `Rendezvous` of this process). A chunk whose seconds
+    run out while it waits for its peers ends there; when the last peer joins between two
+    chunks the role gets the result but applies it only in the next chunk (the state the
+    driver reads between chunks, for an eval or a checkpoint, does not change under it); a
+    chunk whose batches are used up does not end in the Collective (the sync is part of the
+    last batch's iteration) but at the next take, or at its seconds; the reduction comes back
+    as the role's value; a closed group ends the role, as in a thread."""
+    from algorithms.runtime.clock import Collective, Rendezvous, Work
+
+    group, log = Rendezvous(2, sum), []
+    s = _server()
+
+    def role():
+        for i in range(3):
+            if not s.gate.enter():
+                return
+            log.append(("step", i))
+            yield Work()
+            got = yield Collective(group, 0, 10 * (i + 1))
+            log.append(("applied", got))
+
+    def chunk(n, seconds):  # the driver's call, which must come back
+        t0 = time.monotonic()
+        c = threading.Thread(target=s.gate.chunk, args=(n, seconds), daemon=True)
+        c.start()
+        c.join(5)
+        assert not c.is_alive(), "the chunk did not end"
+        return time.monotonic() - t0
+
+    def peer(value, after=0.0):  # the other party, from another thread
+        def run():
+            time.sleep(after)
+            group.join(1, value, threading.Event()) if value else group.close()
+        p = threading.Thread(target=run, daemon=True)
+        p.start()
+        return p
+
+    t = threading.Thread(target=s._drive, args=(role(), s.slot, False), daemon=True)
+    t.start()
+    assert 0.2 <= chunk(10, 0.2) < 1.5  # its seconds spent in the Collective
+    assert s.gate.parked and log == [("step", 0)]
+    peer(1).join(5)  # the last party joins between two chunks
+    time.sleep(0.2)
+    assert log == [("step", 0)] and not s.gate.parked  # the result waits for a chunk
+    assert 0.3 <= chunk(1, 0.3) < 1.5  # used up, parked in the next sync: to its seconds
+    assert log == [("step", 0), ("applied", 11), ("step", 1)] and s.gate.parked
+    p = peer(2, after=0.2)
+    assert 0.2 <= chunk(0, 60) < 1.5  # nothing more to take: it ends at the next take
+    p.join(5)
+    assert log[3:] == [("applied", 22)] and s.gate.waiting
+    p = peer(None, after=0.2)  # a party leaves: the group closes
+    assert chunk(1, 60) < 1.5
+    p.join(5)
+    t.join(5)
+    assert not t.is_alive() and s.gate.done and s.gate.error is None
+    assert log[4:] == [("step", 2)]
+
+
 def test_a_straggler_pushes_after_its_slowdown_and_a_stop_cuts_the_sleep_short():
     """`RoleServer._drive` runs a role's `Work` as the threaded interpreter does: a step of
     factor F sleeps (F - 1) x its measured compute before the role resumes (and pushes);

@@ -92,16 +92,11 @@ def test_where_the_roles_run_under_ray():
         assert where(a, "auto") and where(a, "actors") and not where(a, "driver")
     assert not any(where(a, "auto") or where(a, "driver") for a in ASYNC
                    if a not in ("async", "gba", "shadow", "fr"))
-    for a in ("shadow", "fr"):  # an all-reduce among the trainers stays in the driver
-        for rule in ("ma", "bmuf"):
+    for a in ("shadow", "fr"):  # every sync rule: MA / BMUF's groups hosted (ray_wire)
+        for rule in ("easgd", "ma", "bmuf", "none"):
             cfg = _set(_set(small_cfg(a), "shadowsync", sync=rule), "ray", roles="auto")
-            assert not registry.roles_in_actors(cfg)
-            cfg = _set(_set(_set(cfg, "ray", roles="actors"), "runtime", backend="ray"),
-                       "shadowsync", sync=rule)
-            with pytest.raises(ValueError, match=f"--sync {rule} all-reduces"):
-                registry.check(cfg)
-        assert registry.roles_in_actors(_set(_set(small_cfg(a), "shadowsync", sync="easgd"),
-                                             "ray", roles="auto"))
+            assert registry.roles_in_actors(cfg)
+            registry.check(_set(_set(cfg, "ray", roles="actors"), "runtime", backend="ray"))
 
 
 def test_help_names_every_algorithm():

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import jax
 
 from algorithms.runtime import ps as ps_lib
+from algorithms.runtime.clock import Rendezvous
 from algorithms.runtime.worker import LocalFn, Worker
 from recjax.config import Config
 
@@ -68,10 +69,19 @@ class Placement(Protocol):
         results stay references; `dense_grads`: the workers' dense gradients go to it;
         `near_roles`: in a process of its own only where the roles run in theirs."""
 
-    def beside(self, group: int, factory, *args, group_size: int = 1) -> Any:
+    def beside(self, group: int, factory, *args, group_size: int = 1,
+               name: str | None = None) -> Any:
         """An object ``factory(*args)`` the roles of worker group `group` share (a ShadowSync
-        trainer's replica): the object itself, or where that group's roles run in its
-        process, made there, behind a proxy that reads and sets it from here."""
+        trainer's replica, a party's `shadowsync.Syncer`): the object itself, or where that
+        group's roles run in its process, made there, behind a proxy that reads and sets it
+        from here; `name` tells apart several of one factory in one group (default: the
+        factory's name)."""
+
+    def rendezvous(self, count: int, n: int, reduce, like: Any = None) -> list:
+        """`count` all-reduce groups of `n` parties (what a ``clock.Collective`` joins):
+        ``clock.Rendezvous`` objects here, or where the parties' roles run in their actors,
+        hosted in an actor of their own (``ray_wire.RemoteGroup``); `like`: a party's value,
+        the `reduce` compiled on it where it runs."""
 
     def companion(self, group: int, counters, group_size: int = 1) -> Any:
         """What `run_role` takes for a role without batches beside group `group`'s workers
@@ -166,8 +176,11 @@ class InProcess:
             self._fns[key] = LocalFn(jax.jit(factory(self.rt, *args)))
         return self._fns[key]
 
-    def beside(self, group, factory, *args, group_size=1):
+    def beside(self, group, factory, *args, group_size=1, name=None):
         return factory(*args)
+
+    def rendezvous(self, count, n, reduce, like=None):
+        return rendezvous_here(count, n, reduce, like)
 
     def companion(self, group, counters, group_size=1):
         return types.SimpleNamespace(counters=counters)
@@ -198,6 +211,14 @@ class InProcess:
 
     def close(self):
         pass
+
+
+def rendezvous_here(count: int, n: int, reduce, like=None) -> list:
+    """`Placement.rendezvous` in this process: the reduce compiled on `like` before the clock
+    runs."""
+    if like is not None:
+        jax.block_until_ready(reduce([like] * n))
+    return [Rendezvous(n, reduce) for _ in range(count)]
 
 
 def settle(cfg: Config) -> Config:

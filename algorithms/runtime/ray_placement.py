@@ -136,16 +136,25 @@ class RayPlacement:
             return ray_role_driver.ActorWorker(self.rt, wid, supply, group, group_size)
         return ray_workers.RayWorker(self.rt, wid, supply, group, group_size)
 
-    def beside(self, group, factory, *args, group_size=1):
+    def beside(self, group, factory, *args, group_size=1, name=None):
         """With the roles in the actors, ``factory(*args)`` made in group `group`'s actor,
         behind a `ray_role_worker.GroupLocal` proxy (its roles get the object itself); else
         the object, here."""
         if not self.in_actors:
             return factory(*args)
-        key = f"{getattr(factory, '__name__', 'object')}-{group}"
+        key = f"{name or getattr(factory, '__name__', 'object')}-{group}"
         handle = self.groups.get(group, group_size)
         ray_backend._ray().get(handle.make_local.remote(key, factory, *args))
         return ray_role_worker.GroupLocal(handle, key, factory)
+
+    def rendezvous(self, count, n, reduce, like=None):
+        """With the roles in the actors, the groups hosted in an actor of their own
+        (`ray_wire.Collectives`, reused by the next interval as `host`'s servers are), each
+        joined through a `ray_wire.RemoteGroup`; else in this process."""
+        if not self.in_actors:  # (the same groups, in this process)
+            return ray_wire.Collectives(count, n, reduce, like).groups
+        hosted = self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce, like)
+        return [ray_wire.RemoteGroup(hosted._handle, k, n) for k in range(count)]
 
     def companion(self, group, counters, group_size=1):
         """A role without batches beside group `group`'s workers (ShadowSync's shadow): with

@@ -72,7 +72,7 @@ class ActorWorker:
         self._reader = counted(rt.data, f"worker {wid}") if supply is not None else None
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
         self.died = False  # its process died (not: its role raised)
-        self.idle = False  # the last chunk took no batch: the role waited on a Wait
+        self.idle = False  # the last chunk made no step: the role waited on a Wait (Collective)
 
     def start(self, fn, args: tuple) -> None:
         rt, sup = self.rt, self.supply
@@ -105,7 +105,8 @@ class ActorWorker:
         self._take(out)
         if out["error"] is not None:
             raise out["error"]
-        self.idle = out["parked"] and not out["metrics"]  # a chunk spent waiting on a Wait
+        # a chunk spent waiting on a Wait or a Collective, without a step (a batch, a sync)
+        self.idle = out["parked"] and not (out["metrics"] or out["iterations"] or out["syncs"])
         return out["done"]
 
     def _allowance(self) -> int:

@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 from algorithms.runtime import stragglers as stragglers_lib
-from algorithms.runtime.clock import Link, Wait, Work
+from algorithms.runtime.clock import CLOSED, Collective, Link, Wait, Work
 from algorithms.runtime.ray_role_worker import LOCALS, Delta, RoleWorker
 from algorithms.runtime.ray_role_worker import counters as role_counters
 from algorithms.runtime.ray_workers import ComputeServer
@@ -69,6 +69,8 @@ class _Gate:
         self.allowed = self.taken = 0  # batches the chunks allowed so far, and taken
         self.deadline = 0.0
         self.waiting = self.parked = self.done = False
+        self.running = False  # a chunk is under way (the driver is in `chunk`)
+        self.collecting = False  # parked in a Collective (else on a Wait)
         self.stop_event = threading.Event()  # also read by a wait elsewhere (a `Wait`'s)
         self.down: int | None = None  # a shard whose actor died under a request
         self.error: BaseException | None = None
@@ -90,19 +92,42 @@ class _Gate:
         """Allow `n` more batches, for `seconds`, and wait for the chunk's end."""
         with self.cond:
             self.allowed, self.deadline = self.taken + n, time.monotonic() + seconds
+            self.running = True
             self.cond.notify_all()
-            while not (self.done or self.down is not None or (
-                    (self.waiting or self.parked) and (self.taken >= self.allowed
-                                                       or time.monotonic() >= self.deadline))):
+            while not (self.done or self.down is not None or self._between()):
                 # parked, nothing wakes it at the deadline
                 self.cond.wait(max(self.deadline - time.monotonic(), 0) + 1e-3
                                if self.parked else None)
+            self.running = False
 
-    def park(self, parked: bool) -> None:
-        """The role waits on a `Wait` (True), or no longer (False)."""
+    def _between(self) -> bool:
+        """Whether the role is where a chunk may end: at its next take (or parked on a
+        `Wait`, which comes before it) once the chunk's batches are taken or its seconds
+        spent; parked in a `Collective` (part of its last batch's iteration: FR's sync after
+        it) only once its seconds are spent, so a chunk of n batches ends after the n-th
+        iteration's sync unless the peers keep it waiting past the chunk."""
+        late = time.monotonic() >= self.deadline
+        used = self.taken >= self.allowed
+        return ((self.waiting and (used or late))
+                or (self.parked and (late or (used and not self.collecting))))
+
+    def park(self, parked: bool, collective: bool = False) -> None:
+        """The role waits on a `Wait` (or with `collective`, in a `Collective`): True; or no
+        longer: False."""
         with self.cond:
-            self.parked = parked
+            self.parked, self.collecting = parked, parked and collective
             self.cond.notify_all()
+
+    def resume(self) -> bool:
+        """Out of a park after which the role changes the state at once (a `Collective`'s
+        result, which it applies to its replica): if the chunk ended while it was parked,
+        wait for the next one, so that the state stays as the driver found it between
+        chunks (an eval, a checkpoint). False: stop."""
+        with self.cond:
+            self.parked = self.collecting = False
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: self.stopped or self.running)
+            return not self.stopped
 
     def end(self, error: BaseException | None = None) -> None:
         with self.cond:
@@ -163,8 +188,10 @@ class RoleServer(ComputeServer):
 
         self.stop_role(key)
         slot = self.slots[key] = _Slot(len(shards))
+        # (a Collective's modelled seconds are not slept here: links are not emulated)
         rt = types.SimpleNamespace(dense_bytes=dense_bytes, dense_apply=self._dense_apply(),
-                                   dense_link=Link("sync-ps", float("inf")))
+                                   dense_link=Link("sync-ps", float("inf")),
+                                   bandwidth=float("inf"))
         if supply is not None:
             kind, *spec = supply
             self.prepare(*share)
@@ -227,9 +254,11 @@ class RoleServer(ComputeServer):
 
     # -- the roles -----------------------------------------------------------------------------
     def _drive(self, role, slot: _Slot, each_yield: bool) -> None:
-        """`clock._drive` in real time, for Work and Wait: a straggler's slowdown slept here,
-        the links' bytes counted (not held: see the module docstring); a Wait on a hosted
-        server's signal waits in that server's actor (`ray_wire.RemoteSignal`). A role
+        """`clock._drive` in real time: a straggler's slowdown slept here, the links' bytes
+        counted (not held: see the module docstring); a Wait on a hosted server's signal
+        waits in that server's actor (`ray_wire.RemoteSignal`); a Collective's group is
+        hosted (`ray_wire.RemoteGroup`), and a chunk may end while the role waits there, as
+        at a Wait (its step's pushes landed; it applies the result in a chunk). A role
         without batches (`each_yield`) passes the gate before each of its steps, as a worker's
         role does before each batch."""
         gate, value, error = slot.gate, None, None
@@ -242,6 +271,17 @@ class RoleServer(ComputeServer):
                     effect = role.send(value)
                 except StopIteration:
                     break
+                value = None
+                if isinstance(effect, Collective):
+                    gate.park(True, collective=True)
+                    try:
+                        value = effect.group.join(effect.index, effect.value, gate.stop_event)
+                    except BaseException:
+                        gate.park(False)
+                        raise
+                    if value is CLOSED or not gate.resume():
+                        break  # a party left (the role ends, as in a thread), or a stop
+                    continue
                 if isinstance(effect, Wait):
                     gate.park(True)
                     try:
@@ -251,8 +291,8 @@ class RoleServer(ComputeServer):
                         gate.park(False)
                     continue
                 if not isinstance(effect, Work):
-                    raise TypeError(f"a role in an actor yielded {effect!r}; only Work and "
-                                    "Wait are supported there")
+                    raise TypeError(f"a role in an actor yielded {effect!r}; effects are Work, "
+                                    "Collective, Wait")
                 took = time.perf_counter() - t0 if effect.measured is None else effect.measured
                 with slot.delta.lock:
                     for link, nbytes in effect.transfers:

@@ -6,7 +6,10 @@
 * rows as they travel between a worker actor and a shard actor: `wire_rows` (the real ids
   only), `pack_rows` (the real rows only) and their inverses;
 * hosted servers: `Hosted`, the driver's proxy of a value-only server (``ps.DensePS``,
-  ``ps.SyncPS``, GBA's PS0) built in an actor of its own (`_Host`).
+  ``ps.SyncPS``, GBA's PS0) built in an actor of its own (`_Host`);
+* hosted all-reduce groups: `Collectives` (``clock.Rendezvous`` groups in an actor of their
+  own) and `RemoteGroup`, the group a role run in its worker actor joins (ShadowSync's MA and
+  BMUF among the trainers' actors).
 
 The cluster and its watch are ``ray_backend.py``; the PS shards ``ray_ps.py``; the worker
 groups ``ray_workers.py``; where each lives, ``ray_placement.py``.
@@ -26,6 +29,7 @@ import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
+from algorithms.runtime.clock import CLOSED, Rendezvous
 from algorithms.runtime.ray_backend import _ray
 from algorithms.runtime.segments import StateLost
 
@@ -276,3 +280,63 @@ class _Method:
 
     def __repr__(self) -> str:
         return f"<{self.proxy._cls.__name__}.{self.name} in a Ray actor>"
+
+
+# -- hosted all-reduce groups ------------------------------------------------------------------
+class Collectives:
+    """`count` all-reduce groups of `n` parties each (`clock.Rendezvous`), the object an actor
+    of their own hosts (`_Host`, ``placement.rendezvous``) when the parties' roles run in
+    their worker actors: ShadowSync's MA / BMUF among its trainers, FR's worker j of every
+    trainer one group (m groups), the shadows one. A party's `join` waits here until the
+    group's n values are in, and every party gets the reduction of the n in party order, as
+    in one process; `close` releases the waiting parties (``clock.CLOSED``).
+
+    A star, not a ring: each party sends its value here and gets the result back (2 P bytes
+    on the wire per party and sync, where the counters keep the ring's 2 (n-1)/n P, the
+    paper's all-reduce), and the reduction runs in this actor."""
+
+    def __init__(self, count: int, n: int, reduce, like=None):
+        self.groups = [Rendezvous(n, reduce) for _ in range(count)]
+        self._never = threading.Event()  # a party leaves through `close`, not a stop of its own
+        if like is not None:  # compiled before the clock runs, as in one process
+            jax.block_until_ready(reduce([like] * n))
+
+    def join(self, k: int, index: int, value) -> tuple[bool, Any]:
+        """``(closed, result)``: ``clock.CLOSED`` does not survive a trip between processes."""
+        out = self.groups[k].join(index, value, self._never)
+        return (True, None) if out is CLOSED else (False, out)
+
+    def close(self, k: int) -> None:
+        self.groups[k].close()
+
+
+class RemoteGroup:
+    """Group `k` of a hosted `Collectives`, as a role in a worker actor joins it (a
+    ``clock.Collective``'s group: ``n``, ``join(index, value, stop)``, ``close()``) and as the
+    driver closes it for a party whose actor died (``shadowsync``'s ``lost``). `join` sends the
+    value once and waits for the result in ``poll_s`` slices, looking at the role's `stop`
+    between them; a role that stops leaves its call waiting there until the group closes
+    (its `close`, in the role's ``finally``)."""
+
+    poll_s = 0.2
+
+    def __init__(self, handle, k: int, n: int):
+        self.handle, self.k, self.n = handle, k, n
+
+    def join(self, index: int, value, stop: threading.Event):
+        ray = _ray()
+        ref = self.handle.call.remote("join", self.k, index, jax.device_get(value))
+        while not stop.is_set():
+            if ray.wait([ref], timeout=self.poll_s)[0]:
+                with state_lost("Collectives"):
+                    closed, out = ray.get(ref)
+                return CLOSED if closed else out
+        return CLOSED
+
+    def close(self) -> None:
+        """Release the group's waiting parties (idempotent). Where the host died the group is
+        gone with it (its death is the run's, `segments.StateLost`, seen by the watch): not
+        raised here, inside a role's ``finally``."""
+        ray = _ray()
+        with contextlib.suppress(ray.exceptions.RayActorError):
+            ray.get(self.handle.call.remote("close", self.k))
