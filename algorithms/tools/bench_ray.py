@@ -62,6 +62,7 @@ from algorithms.tools import roles
 from recjax import configs, registry
 from recjax.concurrency import ThreadGroup
 from recjax.config import RayConfig
+from recjax.config_async import SYNC_RULES
 from recjax.data.synthetic import PRESETS
 
 ALGOS = registry.names(kind=registry.HOST_ASYNC)
@@ -104,9 +105,11 @@ def gba_serial_config(backend: str, workers: int, steps: int, batch: int,
 
 def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
                 roles: str = "auto"):
-    """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5).
+    """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5);
+    ``shadow:RULE`` / ``fr:RULE``: ShadowSync with ``--sync RULE`` (default: the config's).
 
     GBA and Persia count a step as one global batch of both workers' rows (2 x `batch`)."""
+    algo, _, rule = algo.partition(":")
     k = 2 if algo in ("gba", "persia") else 1  # worker batches per step
     c = bench_config(backend, 2, steps * k, batch, seed=seed, roles=roles)
     c = dataclasses.replace(c, train=dataclasses.replace(
@@ -117,6 +120,8 @@ def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
     if algo == "persia":
         c = dataclasses.replace(c, persia=dataclasses.replace(
             c.persia, mode="hybrid", nn_workers=2, embedding_workers=2))
+    if rule:
+        c = dataclasses.replace(c, shadowsync=dataclasses.replace(c.shadowsync, sync=rule))
     return c
 
 
@@ -143,11 +148,16 @@ def _versus(runs: dict[str, list[float]]) -> dict:
             "ratios_all": ratios, "threads_all": runs["threads"], "ray_all": runs["ray"]}
 
 
-def _eps(cfg) -> float:
+def _eps(cfg, cpu: list | None = None) -> float:
+    """A run's examples/sec; with `cpu`, the driver's CPU per step (its roles' run, every
+    thread of this process: `roles.timed`) appended to it."""
     import algorithms
 
     t = time.perf_counter()
-    eps = algorithms.run(cfg)["segment_examples_per_sec"]
+    with roles.timed() as run:
+        eps = algorithms.run(cfg)["segment_examples_per_sec"]
+    if cpu is not None:
+        cpu.append(run["cpu_seconds"] / cfg.train.steps)
     rt = cfg.runtime
     print(f"  {cfg.train.algo} {rt.backend} workers={rt.trainers} B={cfg.train.batch_size} "
           f"steps={cfg.train.steps} {rt.stragglers}: {eps:,.0f} ex/s "
@@ -215,22 +225,27 @@ def bench_real(repeats: int, workers: list[int], per_worker: int, batch: int,
 def bench_algos(algos: list[str], repeats: int, steps: int, batch: int,
                 roles: tuple = ("auto",)) -> dict:
     """Each algorithm, threads vs Ray (under each ``--ray.roles`` of `roles`, interleaved),
-    2 workers: examples/sec and the median ratio (one set per roles value when several)."""
+    2 workers: examples/sec and the median ratio (one set per roles value when several),
+    and the driver's CPU per step under Ray (its roles' run: compile and set-up in the
+    actors included, the driver's share of them small)."""
     runs = {a: {k: [] for k in ("threads", *roles)} for a in algos}
+    cpu = {a: {ro: [] for ro in roles} for a in algos}
     for r in range(repeats):
         for a in algos:
             runs[a]["threads"].append(_eps(algo_config(a, "threads", steps, batch, seed=r)))
             for ro in roles:
-                runs[a][ro].append(_eps(algo_config(a, "ray", steps, batch, seed=r, roles=ro)))
+                runs[a][ro].append(_eps(algo_config(a, "ray", steps, batch, seed=r, roles=ro),
+                                        cpu[a][ro]))
 
-    def versus(v: dict) -> dict:
-        if len(roles) == 1:
-            return _versus({"threads": v["threads"], "ray": v[roles[0]]})
-        return {ro: _versus({"threads": v["threads"], "ray": v[ro]}) for ro in roles}
+    def versus(a: str, v: dict) -> dict:
+        one = {ro: {**_versus({"threads": v["threads"], "ray": v[ro]}),
+                    "driver_cpu_ms_per_step_median": statistics.median(cpu[a][ro]) * 1e3}
+               for ro in roles}
+        return one[roles[0]] if len(roles) == 1 else one
 
     return {"name": "ray/algos", "workers": 2, "worker_batch_size": batch, "steps": steps,
             "model": "dlrm_kaggle", "repeats": repeats, "roles": list(roles),
-            **{a: versus(v) for a, v in runs.items()}}
+            **{a: versus(a, v) for a, v in runs.items()}}
 
 
 def bench_call(batch: int, n: int = 50) -> dict:
@@ -515,7 +530,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=4096,
                    help="one worker's batch size (measurements 1, 4, 5)")
     p.add_argument("--ps-shards", type=int, default=0, help="--real: PS shards (0: the config's)")
-    p.add_argument("--algos", help=f"only measurement 5, for these algorithms ({','.join(ALGOS)})")
+    p.add_argument("--algos", help=f"only measurement 5, for these algorithms ({','.join(ALGOS)}; "
+                                   "shadow:RULE, fr:RULE with ShadowSync's --sync RULE)")
     p.add_argument("--steps", type=int, default=100, help="--algos, --cpu: steps per run")
     p.add_argument("--serial", action="store_true",
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
@@ -541,8 +557,12 @@ def main(argv=None) -> int:
         p.error("--real takes one --roles value")
     if a.algos:
         algos = [x.strip() for x in a.algos.split(",") if x.strip()]
-        if unknown := sorted(set(algos) - set(ALGOS)):
+        if unknown := sorted({x.partition(":")[0] for x in algos} - set(ALGOS)):
             p.error(f"--algos: {', '.join(unknown)} is not one of {', '.join(ALGOS)}")
+        if bad := [x for x in algos if ":" in x and (x.partition(":")[0] not in ("shadow", "fr")
+                                                     or x.partition(":")[2] not in SYNC_RULES)]:
+            p.error(f"--algos: {', '.join(bad)}: a rule goes with shadow or fr only, one of "
+                    f"{', '.join(SYNC_RULES)} (shadow:ma, fr:bmuf)")
         rows = [bench_algos(algos, a.repeats, a.steps, a.batch_size,
                             tuple(a.roles.split(",")))]
     elif a.serial:
