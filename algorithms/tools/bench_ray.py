@@ -226,8 +226,8 @@ def bench_algos(algos: list[str], repeats: int, steps: int, batch: int,
                 roles: tuple = ("auto",)) -> dict:
     """Each algorithm, threads vs Ray (under each ``--ray.roles`` of `roles`, interleaved),
     2 workers: examples/sec and the median ratio (one set per roles value when several),
-    and the driver's CPU per step under Ray (its roles' run: compile and set-up in the
-    actors included, the driver's share of them small)."""
+    and the driver's CPU per step under Ray (over its roles' whole run, the compile in the
+    actors and the first chunks included: not marginal, an upper bound)."""
     runs = {a: {k: [] for k in ("threads", *roles)} for a in algos}
     cpu = {a: {ro: [] for ro in roles} for a in algos}
     for r in range(repeats):
