@@ -172,3 +172,35 @@ def test_record_rates_are_over_training_seconds_not_the_set_up(tmp_path, monkeyp
     # each window is positive, and none holds the set-up (the run trains in a fraction of it)
     assert all(0 < w < setup_s for w in window_s), window_s
     assert sum(window_s) == pytest.approx(s["train_seconds"], rel=1e-6)
+
+
+def test_no_record_passes_the_runs_training_seconds_when_the_main_thread_is_late(
+        tmp_path, monkeypatch):
+    """Threads: a record's seconds are read where the roles are held, the instant the held
+    time counts from, on the clock `Schedule.seconds` counts from. The main thread is
+    preempted (here: 0.3 s) after it took that clock's origin and after it held the roles:
+    a record read after the delay, or an origin read twice, put the step-8 record past the
+    run's training seconds, and the last window read 1e-12 s (CI stop 52, 1 ms under load)."""
+    import time
+
+    from algorithms.runtime.report import Reporter
+
+    start, hold = Reporter.start, Reporter._hold_roles
+
+    def late(f):
+        def g(self):
+            out = f(self)
+            time.sleep(0.3)
+            return out
+        return g
+
+    monkeypatch.setattr(Reporter, "start", late(start))
+    monkeypatch.setattr(Reporter, "_hold_roles", late(hold))
+    cfg = _cfg("async", tmp_path, deterministic=False, eval_every=0)
+    s = algorithms.run(cfg)
+    train = [r for r in _records(tmp_path) if r["kind"] == "train"]
+    steps = [0] + [r["step"] for r in train]
+    window_s = [(b - a) * B / r["examples_per_sec"] for a, b, r in zip(steps, steps[1:], train)]
+    assert steps[-1] == STEPS and len(window_s) >= 3
+    assert all(w > 1e-6 for w in window_s), window_s
+    assert sum(window_s) == pytest.approx(s["train_seconds"], rel=1e-6)

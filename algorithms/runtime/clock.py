@@ -48,9 +48,8 @@ CLOSED = object()  # what a collective returns when the group shut down
 
 
 class WorkerLost(Exception):
-    """Raised inside a role when the process doing its work died (the Ray backend): the
-    interpreter ends that role, counts it in `Schedule.lost`, and the other roles go on. A
-    role that must tell others (GBA's PS gates) catches it first."""
+    """Raised inside a role when the process doing its work died (Ray): the interpreter ends
+    that role, counts it in `Schedule.lost`, the others go on (GBA's PS gates catch it first)."""
 
 
 @dataclasses.dataclass
@@ -308,14 +307,15 @@ def _signals_stop(stop: threading.Event):
 
 
 def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool = True,
-                 on_poll: Callable[[], None] | None = None) -> Schedule:
-    """Run every role in its own thread of `group`; returns when the foreground roles ended.
+                 on_poll: Callable[[], None] | None = None, t0: float | None = None) -> Schedule:
+    """Run every role in its own thread of `group`; returns when the foreground roles ended,
+    with the seconds since `t0` (`time.perf_counter`; default now; the caller's record origin).
 
     Raises:
       The first exception of any role (the group is stopped and joined first), or
       KeyboardInterrupt on SIGINT or SIGTERM (after every role has stopped).
     """
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
     lost: list[str] = []
     with _signals_stop(group.stop) as signals:
         try:  # a stop (a signal, a failed role) while the threads start: start no more

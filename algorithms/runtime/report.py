@@ -94,13 +94,16 @@ class Reporter:
         self._stop: threading.Event | None = None
         self.early: tuple | None = None  # (TrainState, eval, predictions) where the run stopped
 
-    def start(self) -> None:
+    def start(self) -> float:
         """Threads: the roles start now. The records' rates are over training seconds from
         here, the origin of the interval's `Schedule.seconds` (which `final` and `boundary` are
         given): an origin at the reporter's making counted the set-up (compiles, Ray actors)
         into the first record and none of it into the last, whose rate then read 1e15
-        examples/s after a set-up longer than the interval's last record window."""
+        examples/s after a set-up longer than the interval's last record window. Returns that
+        origin, for `run_threaded` to count `Schedule.seconds` from: two readings of the clock
+        ~1 ms apart under load made the windows' sum miss the summary's seconds."""
         self.t_start = self._t_progress = time.perf_counter()
+        return self.t_start
 
     # -- the two interpreters' hooks ---------------------------------------------------------
     def on_event(self, now: float) -> bool:
@@ -128,7 +131,8 @@ class Reporter:
         if self._hold or self._log_due(s) or self._eval_due(s):
             self._hold_roles()
             try:
-                self._due(self.step(), self._seconds())  # the step where the roles are held
+                # the step and the training seconds where the roles are held
+                self._due(self.step(), self._seconds(self._held_at))
                 if self.early is not None and self._stop is not None:
                     self._stop.set()  # early stopping: the roles end where they are held
             finally:
@@ -142,9 +146,10 @@ class Reporter:
             self._polled = (now, s)
         return s
 
-    def _seconds(self) -> float:
-        """Training seconds of this segment so far (threads: without the held time)."""
-        return time.perf_counter() - self.t_start - self.paused
+    def _seconds(self, now: float | None = None) -> float:
+        """Training seconds of this segment until `now` (default: now; threads: without the
+        held time)."""
+        return (time.perf_counter() if now is None else now) - self.t_start - self.paused
 
     def _log_due(self, s: int) -> bool:
         return self.out.logs.due(s, self.rt.total_steps)
@@ -314,13 +319,17 @@ class Reporter:
             self._cond.notify_all()
 
     def _hold_roles(self) -> None:
-        t = time.perf_counter()
+        """Hold the roles at their next yield. The held (paused) time counts from when the
+        last of them got there: until then some role trains. A record's seconds are read at
+        that instant too, so none of them passes the interval's `Schedule.seconds` less
+        `paused` (a record's clock read later, while its paused time was not yet counted,
+        could: the last window was then 1e-12 s, CI stop 52)."""
         with self._cond:
             self._hold = True
             while self._active and not self._stopping():
                 self.on_wait()  # the engine's watchdog: a stuck role never goes idle
                 self._cond.wait(0.05)
-        self._held_at = t
+            self._held_at = time.perf_counter()
 
     def _release_roles(self) -> None:
         with self._cond:
