@@ -27,16 +27,17 @@ def test_between_takes_the_window_and_each_process_s_own_delta():
 
 def test_marginal_figures_are_the_difference_of_two_lengths():
     short = {"steps": 24, "seconds": 4.0, "tree": 1.0, "box": 2.0, "driver": 0.2, "rss": 5,
-             "m": 0.003}
+             "m": 0.003, "gc": 0.05}
     long = {"steps": 96, "seconds": 13.0, "tree": 2.8, "box": 5.6, "driver": 0.56, "rss": 4,
-            "m": 0.002}
+            "m": 0.002, "gc": 0.062}
     got = bs._marginal(short, long)
     assert got == pytest.approx({"S": 72 / 9.0, "c": 1.8 / 72, "box_c": 3.6 / 72,
-                                 "driver": 0.36 / 72, "rss": 5, "m": 0.002})
+                                 "driver": 0.36 / 72, "gc": 0.012 / 72, "rss": 5,
+                                 "m": 0.002})
 
 
-def _rep(S, c, driver=5e-4, m=0.002, rss=2**20):
-    return {"S": S, "c": c, "box_c": c, "driver": driver, "m": m, "rss": rss}
+def _rep(S, c, driver=5e-4, m=0.002, rss=2**20, gc=1e-4):
+    return {"S": S, "c": c, "box_c": c, "driver": driver, "gc": gc, "m": m, "rss": rss}
 
 
 def test_criteria_by_hand():
@@ -53,11 +54,27 @@ def test_criteria_by_hand():
     assert got["a_free_ratio"] == pytest.approx(60 / (16 / 0.223)) and got["a_free_met"]
     assert got["b_ratio"] == pytest.approx(0.022 / 0.025) and got["b_met"]
     assert got["driver_1"] == 5e-4 and got["driver_16"] == 5e-4 and got["driver_met"]
-    assert got["driver_peak_rss_16_mib"] == 3.0
+    assert got["driver_peak_rss_16_mib"] == 3.0 and got["gc_16"] == 1e-4
     # c_16 above 1.25 x c_1, a driver over 1 ms: not met
     per[16] = [_rep(60.0, 0.032, driver=1.1e-3)] * 3
     got = bs.criteria(per, factor=50.0, cores=2)
     assert not got["b_met"] and not got["driver_met"]
+
+
+def test_gc_pauses_are_timed_while_inside_and_only_then():
+    import gc
+
+    n = len(gc.callbacks)
+    with bs._gc_pauses() as pauses:
+        t0 = time.perf_counter()
+        junk = [[i] for i in range(200_000)]  # a collection with something to traverse
+        for _ in range(3):
+            gc.collect()
+        t1 = time.perf_counter()
+    gc.collect()  # outside: not recorded
+    del junk
+    assert len(pauses) >= 3 and len(gc.callbacks) == n
+    assert all(t0 <= t and s > 0 and t + s <= t1 for t, s in pauses), (t0, t1, pauses)
 
 
 def test_measured_notes_each_step_s_measured_compute_and_passes_it_on(monkeypatch):

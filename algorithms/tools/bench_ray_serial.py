@@ -13,7 +13,8 @@ compile and the run's first steps cost is in both and cancels):
   the sampler's own thread; ``box_c_W`` is the same from the whole box's busy time
   (`psutil.cpu_times`: other users of the box included);
 * ``driver_W``: the driver process's own CPU per worker step (all its threads but the
-  sampler's);
+  sampler's); ``gc_W``: of it, the seconds per worker step the driver spent in Python's
+  garbage collection (`gc.callbacks`; a collection holds the GIL, so it is the driver's work);
 * ``driver_peak_rss_W``: the largest resident set of the benchmark's process (the driver)
   seen while the run's roles ran (sampled every 0.1 s; one process runs every run, so later
   runs include what earlier ones left);
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import statistics
 import sys
 import threading
@@ -135,6 +137,26 @@ def _measured():
         ray_role_driver.ActorWorker._take = take
 
 
+@contextlib.contextmanager
+def _gc_pauses():
+    """``[(perf_counter at its start, seconds)]`` of every garbage collection of this process
+    (any thread, any generation) while inside."""
+    pauses, began = [], {}
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start":
+            began["t"] = time.perf_counter()
+        elif "t" in began:
+            t = began.pop("t")
+            pauses.append((t, time.perf_counter() - t))
+
+    gc.callbacks.append(note)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(note)
+
+
 def _run(config, workers: int, per_worker: int, batch: int, factor: float, seed: int) -> dict:
     """One run of ``config(...)`` (`bench_ray.bench_config`); its roles' run's worker steps,
     seconds and CPU (`_between`)."""
@@ -143,18 +165,21 @@ def _run(config, workers: int, per_worker: int, batch: int, factor: float, seed:
     steps = workers * per_worker
     cfg = config("ray", workers, steps, batch, f"slow:k={workers},factor={factor}",
                        model="default", seed=seed)
-    with _sampling() as samples, roles.timed() as run, _measured() as secs:
+    with _sampling() as samples, roles.timed() as run, _measured() as secs, _gc_pauses() as gcs:
         out = algorithms.run(cfg)
     d, end = out["segment_seconds"], run["end"]
     got = _between(samples, end - d, end)
+    collected = sum(s for t, s in gcs if end - d <= t <= end)  # in the roles' run
     # the window's CPU scaled to the roles' whole run (samples are 0.1 s apart)
     scale = d / got["seconds"]
     row = {"workers": workers, "steps": steps, "seconds": d,
            **{k: got[k] * scale for k in ("box", "driver", "tree")}, "rss": got["rss"],
+           "gc": collected,
            "m": statistics.fmean(secs) if secs else float("nan")}
     print(f"  W={workers} steps={steps}: {steps / d:.1f} steps/s, tree "
           f"{row['tree'] / steps * 1e3:.1f} ms/step, driver {row['driver'] / steps * 1e3:.2f} "
-          f"ms/step, rss {row['rss'] / 2**20:.0f} MiB, m {row['m'] * 1e3:.2f} ms",
+          f"ms/step (gc {collected / steps * 1e3:.2f}), rss {row['rss'] / 2**20:.0f} MiB, "
+          f"m {row['m'] * 1e3:.2f} ms",
           file=sys.stderr, flush=True)
     return row
 
@@ -165,6 +190,7 @@ def _marginal(short: dict, long: dict) -> dict:
             "c": (long["tree"] - short["tree"]) / n,
             "box_c": (long["box"] - short["box"]) / n,
             "driver": (long["driver"] - short["driver"]) / n,
+            "gc": (long["gc"] - short["gc"]) / n,
             "rss": max(short["rss"], long["rss"]), "m": long["m"]}
 
 
@@ -181,7 +207,7 @@ def criteria(per: dict[int, list[dict]], factor: float, cores: int) -> dict:
     bound = min(hi / lo * s_lo, cores / c_hi)
     free = hi / (lo / s_lo + (factor - 1) * (m_hi - m_lo))
     bound_free = min(free, cores / c_hi)
-    return {**{f"{k}_{w}": med(w, k) for w in per for k in ("S", "c", "box_c", "driver", "m")},
+    return {**{f"{k}_{w}": med(w, k) for w in per for k in ("S", "c", "box_c", "driver", "gc", "m")},
             **{f"driver_peak_rss_{w}_mib": max(x["rss"] for x in per[w]) / 2**20 for w in per},
             "a_bound": bound, "a_ratio": s_hi / bound, "a_met": s_hi >= 0.8 * bound,
             "S_free": free, "a_free_bound": bound_free, "a_free_ratio": s_hi / bound_free,
@@ -220,6 +246,7 @@ def _row(per: dict, roles: str, repeats: int, batch: int, factor: float, workers
     ms = {k: got[k] * 1e3 for k in got if k.startswith(("c_", "m_", "driver_")) and
           not k.endswith("mib")}
     drivers = ", ".join(f"{ms[f'driver_{w}']:.2f}" for w in workers)
+    gcs = ", ".join(f"{got[f'gc_{w}'] * 1e3:.2f}" for w in workers)
     print(f"--ray.roles {roles}:\n"
           f"(a) S_{hi} = {got[f'S_{hi}']:.1f} steps/s vs 0.8 x min({hi // lo} x S_{lo} = "
           f"{hi / lo * got[f'S_{lo}']:.1f}, {cores} / c_{hi} = {cores / got[f'c_{hi}']:.1f}): "
@@ -230,6 +257,6 @@ def _row(per: dict, roles: str, repeats: int, batch: int, factor: float, workers
           f"(b) c_{hi} = {ms[f'c_{hi}']:.1f} ms vs 1.25 x c_{lo} = {1.25 * ms[f'c_{lo}']:.1f} ms: "
           f"{'met' if got['b_met'] else 'NOT met'}\n"
           f"driver: {drivers} ms per worker step (<= 1): "
-          f"{'met' if got['driver_met'] else 'NOT met'}",
+          f"{'met' if got['driver_met'] else 'NOT met'}; of it garbage collection {gcs} ms",
           file=sys.stderr, flush=True)
     return out
