@@ -44,6 +44,14 @@ def _records(out):
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _windows(out):
+    """``([0, record steps...], [seconds of each train record's window])``, the seconds from
+    each record's rate."""
+    train = [r for r in _records(out) if r["kind"] == "train"]
+    steps = [0] + [r["step"] for r in train]
+    return steps, [(b - a) * B / r["examples_per_sec"] for a, b, r in zip(steps, steps[1:], train)]
+
+
 def _tb_tags(out):
     """The scalar tags in out/tb, read from the TFRecord framing (TensorBoard not needed)."""
     from tensorboardX.proto import event_pb2
@@ -165,9 +173,7 @@ def test_record_rates_are_over_training_seconds_not_the_set_up(tmp_path, monkeyp
     monkeypatch.setattr(InProcess, "warm", lambda self, *a, **k: time.sleep(setup_s))
     cfg = _cfg("async", tmp_path, deterministic=False, eval_every=0)
     s = algorithms.run(cfg)
-    train = [r for r in _records(tmp_path) if r["kind"] == "train"]
-    steps = [0] + [r["step"] for r in train]
-    window_s = [(b - a) * B / r["examples_per_sec"] for a, b, r in zip(steps, steps[1:], train)]
+    steps, window_s = _windows(tmp_path)
     assert len(window_s) >= 2 and steps[-1] == STEPS
     # each window is positive, and none holds the set-up (the run trains in a fraction of it)
     assert all(0 < w < setup_s for w in window_s), window_s
@@ -198,9 +204,7 @@ def test_no_record_passes_the_runs_training_seconds_when_the_main_thread_is_late
     monkeypatch.setattr(Reporter, "_hold_roles", late(hold))
     cfg = _cfg("async", tmp_path, deterministic=False, eval_every=0)
     s = algorithms.run(cfg)
-    train = [r for r in _records(tmp_path) if r["kind"] == "train"]
-    steps = [0] + [r["step"] for r in train]
-    window_s = [(b - a) * B / r["examples_per_sec"] for a, b, r in zip(steps, steps[1:], train)]
+    steps, window_s = _windows(tmp_path)
     assert steps[-1] == STEPS and len(window_s) >= 3
     assert all(w > 1e-6 for w in window_s), window_s
     assert sum(window_s) == pytest.approx(s["train_seconds"], rel=1e-6)

@@ -146,10 +146,10 @@ class Reporter:
             self._polled = (now, s)
         return s
 
-    def _seconds(self, now: float | None = None) -> float:
-        """Training seconds of this segment until `now` (default: now; threads: without the
-        held time)."""
-        return (time.perf_counter() if now is None else now) - self.t_start - self.paused
+    def _seconds(self, at: float) -> float:
+        """Training seconds of this segment until `at` (`time.perf_counter`; threads: without
+        the held time)."""
+        return at - self.t_start - self.paused
 
     def _log_due(self, s: int) -> bool:
         return self.out.logs.due(s, self.rt.total_steps)
