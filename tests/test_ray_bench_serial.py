@@ -3,6 +3,7 @@ figures; and its sampler against CPU burnt on purpose (no Ray)."""
 
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -12,39 +13,48 @@ from algorithms.tools import bench_ray_serial as bs
 
 
 def test_between_takes_the_window_and_each_process_s_own_delta():
-    # (t, box busy, driver CPU, {pid: CPU}, driver rss)
-    samples = [(0.0, 1.0, 0.5, {7: 1.0}, 10),
-               (1.0, 2.0, 0.7, {7: 1.5}, 30),          # first in the window
-               (2.0, 3.5, 0.8, {7: 2.0, 9: 0.25}, 50),  # pid 9 started inside: all of it counts
-               (3.0, 4.5, 1.0, {7: 3.0, 9: 0.75}, 20),  # last in the window
-               (4.0, 9.0, 9.0, {7: 9.0}, 99)]
+    # (t, box busy, driver CPU, {pid: CPU}, driver rss, {(thread id, group): CPU})
+    main, io, r1, r2 = (1, "main"), (2, "io"), (3, "role-#"), (4, "role-#")
+    samples = [(0.0, 1.0, 0.5, {7: 1.0}, 10, {main: 0.4}),
+               (1.0, 2.0, 0.7, {7: 1.5}, 30, {main: 0.5, io: 0.25, r1: 0.5}),  # first in it
+               # pid 9 started inside: all of it counts; so does thread r2
+               (2.0, 3.5, 0.8, {7: 2.0, 9: 0.25}, 50, {main: 0.5, io: 0.375, r1: 0.625, r2: 0}),
+               # last in the window; io ended: what it had at its last sample counts
+               (3.0, 4.5, 1.0, {7: 3.0, 9: 0.75}, 20, {main: 0.625, r1: 0.75, r2: 0.125}),
+               (4.0, 9.0, 9.0, {7: 9.0}, 99, {})]
     got = bs._between(samples, 0.5, 3.2)
     assert got == {"seconds": 2.0, "box": 2.5, "driver": pytest.approx(0.3),
-                   "tree": pytest.approx(0.3 + 1.5 + 0.75), "rss": 50}
+                   "tree": pytest.approx(0.3 + 1.5 + 0.75), "rss": 50,
+                   "threads": {"main": 0.125, "io": 0.125, "role-#": 0.25 + 0.125}}
     with pytest.raises(RuntimeError, match="only 1 CPU samples"):
         bs._between(samples, 0.5, 1.5)
 
 
 def test_marginal_figures_are_the_difference_of_two_lengths():
     short = {"steps": 24, "seconds": 4.0, "tree": 1.0, "box": 2.0, "driver": 0.2, "rss": 5,
-             "m": 0.003, "gc": 0.05}
+             "m": 0.003, "gc": 0.05, "threads": {"main": 0.1, "io": 0.1}}
     long = {"steps": 96, "seconds": 13.0, "tree": 2.8, "box": 5.6, "driver": 0.56, "rss": 4,
-            "m": 0.002, "gc": 0.062}
+            "m": 0.002, "gc": 0.062, "threads": {"main": 0.28, "grpc": 0.072}}
     got = bs._marginal(short, long)
+    threads = got.pop("threads")
     assert got == pytest.approx({"S": 72 / 9.0, "c": 1.8 / 72, "box_c": 3.6 / 72,
                                  "driver": 0.36 / 72, "gc": 0.012 / 72, "rss": 5,
                                  "m": 0.002})
+    assert threads == pytest.approx({"main": 0.18 / 72, "io": -0.1 / 72, "grpc": 0.001})
 
 
-def _rep(S, c, driver=5e-4, m=0.002, rss=2**20, gc=1e-4):
-    return {"S": S, "c": c, "box_c": c, "driver": driver, "gc": gc, "m": m, "rss": rss}
+def _rep(S, c, driver=5e-4, m=0.002, rss=2**20, gc=1e-4, threads=None):
+    return {"S": S, "c": c, "box_c": c, "driver": driver, "gc": gc, "m": m, "rss": rss,
+            "threads": threads or {"main": driver}}
 
 
 def test_criteria_by_hand():
     # W = 1: 8 steps/s, 25 ms; W = 16: median of three repeats
     per = {1: [_rep(8.0, 0.025), _rep(9.0, 0.020), _rep(7.0, 0.030)],
-           16: [_rep(60.0, 0.022, m=0.004), _rep(50.0, 0.024, m=0.004),
-                _rep(70.0, 0.020, m=0.004, driver=2e-3, rss=3 * 2**20)]}
+           16: [_rep(60.0, 0.022, m=0.004, threads={"main": 3e-4, "io": 2e-4}),
+                _rep(50.0, 0.024, m=0.004, threads={"main": 1e-4, "io": 4e-4}),
+                _rep(70.0, 0.020, m=0.004, driver=2e-3, rss=3 * 2**20,
+                     threads={"main": 2e-3})]}
     got = bs.criteria(per, factor=50.0, cores=2)
     # bound = min(16 x 8, 2 / 0.022) = 90.9; 60 / 90.9 = 0.66 < 0.8
     assert got["a_bound"] == pytest.approx(2 / 0.022)
@@ -55,6 +65,9 @@ def test_criteria_by_hand():
     assert got["b_ratio"] == pytest.approx(0.022 / 0.025) and got["b_met"]
     assert got["driver_1"] == 5e-4 and got["driver_16"] == 5e-4 and got["driver_met"]
     assert got["driver_peak_rss_16_mib"] == 3.0 and got["gc_16"] == 1e-4
+    # per group the median of three (a missing group is 0), largest first
+    assert got["threads_1"] == {"main": 5e-4}
+    assert list(got["threads_16"].items()) == [("main", 3e-4), ("io", 2e-4)]
     # c_16 above 1.25 x c_1, a driver over 1 ms: not met
     per[16] = [_rep(60.0, 0.032, driver=1.1e-3)] * 3
     got = bs.criteria(per, factor=50.0, cores=2)
@@ -101,18 +114,31 @@ def test_sampling_counts_the_driver_and_its_children():
     child = [sys.executable, "-c", "import time\nc = time.process_time()\n"
              "while time.process_time() - c < 0.4: pass\nprint('done', flush=True)\n"
              "time.sleep(30)"]
+    go = threading.Event()
+    burners = [threading.Thread(target=lambda: (go.wait(), _burn(0.1)), name=f"burner-{i}")
+               for i in (7, 12)]
+    for b in burners:
+        b.start()
     with bs._sampling(0.02) as samples:
         time.sleep(0.1)
         p = subprocess.Popen(child, stdout=subprocess.PIPE, text=True)
         _burn(0.3)
+        go.set()
+        for b in burners:
+            b.join(timeout=10)  # ended inside: their last sampled CPU counts
         assert p.stdout.readline().strip() == "done"
         time.sleep(0.1)
     p.kill()
     p.wait()
     got = bs._between(samples, samples[0][0], samples[-1][0])
-    # the driver: the main thread's 0.3 s and little else
-    assert 0.28 <= got["driver"] <= 0.45
+    # the driver: the main thread's 0.3 s, the burners' 2 x 0.1 s and little else
+    assert 0.46 <= got["driver"] <= 0.65
     assert 0.38 <= got["tree"] - got["driver"] <= 0.6  # the child's 0.4 s (and its start)
+    # by thread: the burners are one group, digits folded; the sampler is not there
+    main = threading.current_thread().name
+    assert 0.28 <= got["threads"][main] <= 0.4
+    assert 0.12 <= got["threads"]["burner-#"] <= 0.22, got["threads"]
+    assert bs.SAMPLER not in got["threads"] and "burner-7" not in got["threads"]
 
 
 @pytest.mark.parametrize("workers", [1, 16])

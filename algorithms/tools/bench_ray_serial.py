@@ -15,6 +15,9 @@ compile and the run's first steps cost is in both and cancels):
 * ``driver_W``: the driver process's own CPU per worker step (all its threads but the
   sampler's); ``gc_W``: of it, the seconds per worker step the driver spent in Python's
   garbage collection (`gc.callbacks`; a collection holds the GIL, so it is the driver's work);
+  ``threads_W``: of it, each thread's CPU per worker step (`_thread_groups`: a Python thread
+  by its `threading` name, one of Ray's by its OS name; digits folded, so a run's role threads
+  are one group);
 * ``driver_peak_rss_W``: the largest resident set of the benchmark's process (the driver)
   seen while the run's roles ran (sampled every 0.1 s; one process runs every run, so later
   runs include what earlier ones left);
@@ -35,6 +38,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import pathlib
+import re
 import statistics
 import sys
 import threading
@@ -48,16 +53,41 @@ LENGTHS = (24, 96)  # steps per worker
 WORKERS = (1, 16)
 
 
+SAMPLER = "bench-serial-sampler"
+
+
+def _os_name(tid: int) -> str:
+    try:
+        return pathlib.Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def _thread_groups(me: psutil.Process) -> dict[tuple[int, str], float]:
+    """``{(thread id, group): CPU s}`` of this process's live threads but the sampler: a Python
+    thread's group is its `threading` name, any other thread's (Ray's, XLA's) its OS name, with
+    each run of digits as ``#`` (``Thread-12 (_drive)`` and ``Thread-40 (_drive)`` are one
+    group)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    for t in me.threads():
+        name = names.get(t.id) or _os_name(t.id)
+        if name != SAMPLER:
+            out[t.id, re.sub(r"\d+", "#", name)] = t.user_time + t.system_time
+    return out
+
+
 class _Tree:
-    """CPU seconds of this process (less the sampler's thread) and of every process under it."""
+    """CPU seconds of this process (less the sampler's thread), of each of its thread groups
+    and of every process under it."""
 
     def __init__(self):
         self.me = psutil.Process()
         self.procs: dict[int, psutil.Process] = {}
 
-    def sample(self, sampler_cpu: float) -> tuple[float, dict[int, float], int]:
+    def sample(self, sampler_cpu: float) -> tuple[float, dict[int, float], int, dict]:
         """``(this process's CPU s less `sampler_cpu`, {pid: CPU s} of its descendants,
-        this process's resident bytes)``."""
+        this process's resident bytes, `_thread_groups`)``."""
         t = self.me.cpu_times()
         cpu = {}
         for p in self.me.children(recursive=True):
@@ -65,7 +95,8 @@ class _Tree:
             with contextlib.suppress(psutil.Error):
                 c = q.cpu_times()
                 cpu[p.pid] = c.user + c.system
-        return t.user + t.system - sampler_cpu, cpu, self.me.memory_info().rss
+        return (t.user + t.system - sampler_cpu, cpu, self.me.memory_info().rss,
+                _thread_groups(self.me))
 
 
 def _box_busy() -> float:
@@ -75,8 +106,9 @@ def _box_busy() -> float:
 
 @contextlib.contextmanager
 def _sampling(period: float = 0.1):
-    """``[(perf_counter, box busy s, driver CPU s, {pid: CPU s}, driver rss)]`` every `period`
-    s while inside; the sampler's own CPU is taken out of the driver's (and so the tree's)."""
+    """``[(perf_counter, box busy s, driver CPU s, {pid: CPU s}, driver rss, {(thread id,
+    group): CPU s})]`` every `period` s while inside; the sampler's own CPU is taken out of the
+    driver's (and so the tree's)."""
     tree, samples, stop = _Tree(), [], threading.Event()
 
     def run() -> None:
@@ -84,8 +116,8 @@ def _sampling(period: float = 0.1):
         while True:
             c0 = time.thread_time()
             box = _box_busy()
-            driver, kids, rss = tree.sample(own)
-            samples.append((time.perf_counter(), box, driver, kids, rss))
+            driver, kids, rss, threads = tree.sample(own)
+            samples.append((time.perf_counter(), box, driver, kids, rss, threads))
             own += time.thread_time() - c0
             if stop.wait(period):
                 return
@@ -100,15 +132,23 @@ def _sampling(period: float = 0.1):
 
 
 def _between(samples: list, lo: float, hi: float) -> dict:
-    """CPU seconds (box, driver, tree) and the driver's peak RSS between the first sample at
-    or after `lo` and the last at or before `hi`; `seconds`: that span."""
+    """CPU seconds (box, driver, tree, the driver's thread groups) and the driver's peak RSS
+    between the first sample at or after `lo` and the last at or before `hi`; `seconds`: that
+    span. A thread counts from its CPU at the first sample (0 if it started later) to its
+    CPU at the last sample it was seen in (it may end inside)."""
     win = [s for s in samples if lo <= s[0] <= hi]
     if len(win) < 2:
         raise RuntimeError(f"only {len(win)} CPU samples in a {hi - lo:.2f} s window")
-    (t0, b0, d0, k0, _), (t1, b1, d1, k1, _) = win[0], win[-1]
+    (t0, b0, d0, k0, _, g0), (t1, b1, d1, k1, _, _) = win[0], win[-1]
     kids = sum(c - k0.get(pid, 0.0) for pid, c in k1.items())
+    seen = {}
+    for s in win:
+        seen.update(s[5])
+    threads: dict[str, float] = {}
+    for (tid, g), c in seen.items():
+        threads[g] = threads.get(g, 0.0) + c - g0.get((tid, g), 0.0)
     return {"seconds": t1 - t0, "box": b1 - b0, "driver": d1 - d0, "tree": d1 - d0 + kids,
-            "rss": max(s[4] for s in win)}
+            "rss": max(s[4] for s in win), "threads": threads}
 
 
 @contextlib.contextmanager
@@ -174,7 +214,7 @@ def _run(config, workers: int, per_worker: int, batch: int, factor: float, seed:
     scale = d / got["seconds"]
     row = {"workers": workers, "steps": steps, "seconds": d,
            **{k: got[k] * scale for k in ("box", "driver", "tree")}, "rss": got["rss"],
-           "gc": collected,
+           "gc": collected, "threads": {g: c * scale for g, c in got["threads"].items()},
            "m": statistics.fmean(secs) if secs else float("nan")}
     print(f"  W={workers} steps={steps}: {steps / d:.1f} steps/s, tree "
           f"{row['tree'] / steps * 1e3:.1f} ms/step, driver {row['driver'] / steps * 1e3:.2f} "
@@ -191,7 +231,17 @@ def _marginal(short: dict, long: dict) -> dict:
             "box_c": (long["box"] - short["box"]) / n,
             "driver": (long["driver"] - short["driver"]) / n,
             "gc": (long["gc"] - short["gc"]) / n,
+            "threads": {g: (long["threads"].get(g, 0.0) - short["threads"].get(g, 0.0)) / n
+                        for g in long["threads"].keys() | short["threads"].keys()},
             "rss": max(short["rss"], long["rss"]), "m": long["m"]}
+
+
+def _median_groups(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Per thread group, the median over `rows` (a group missing from a row counts 0), largest
+    first."""
+    groups = set().union(*rows)
+    med = {g: statistics.median(r.get(g, 0.0) for r in rows) for g in groups}
+    return dict(sorted(med.items(), key=lambda kv: -kv[1]))
 
 
 def criteria(per: dict[int, list[dict]], factor: float, cores: int) -> dict:
@@ -213,6 +263,7 @@ def criteria(per: dict[int, list[dict]], factor: float, cores: int) -> dict:
             "S_free": free, "a_free_bound": bound_free, "a_free_ratio": s_hi / bound_free,
             "a_free_met": s_hi >= 0.8 * bound_free,
             "b_ratio": c_hi / c_lo, "b_met": c_hi <= 1.25 * c_lo,
+            **{f"threads_{w}": _median_groups([x["threads"] for x in per[w]]) for w in per},
             "driver_met": all(med(w, "driver") <= 1e-3 for w in per)}
 
 
@@ -259,4 +310,7 @@ def _row(per: dict, roles: str, repeats: int, batch: int, factor: float, workers
           f"driver: {drivers} ms per worker step (<= 1): "
           f"{'met' if got['driver_met'] else 'NOT met'}; of it garbage collection {gcs} ms",
           file=sys.stderr, flush=True)
+    for w in workers:
+        top = ", ".join(f"{g} {c * 1e3:.2f}" for g, c in list(got[f"threads_{w}"].items())[:6])
+        print(f"driver threads at W={w}, ms per worker step: {top}", file=sys.stderr, flush=True)
     return out
