@@ -21,12 +21,31 @@ def is_closed_loop_echo(exc: BaseException | None, tb=None) -> bool:
             and tb is not None and tb.tb_frame.f_code.co_name == "call_soon_threadsafe")
 
 
+# the coroutine orbax's serialization gathers, one per array fragment (orbax-checkpoint 0.11)
+ORBAX_UNAWAITED = r"coroutine 'async_serialize_from_host\.<locals>\.write_fragment' was never awaited"
+
+
+def is_orbax_unretrieved(message: str) -> bool:
+    """asyncio's log line for a failed task or future nobody awaited, where it is orbax's."""
+    return re.match(r"\w+ exception was never retrieved\n", message) is not None and "orbax" in message
+
+
+def _not_orbax_unretrieved(record: logging.LogRecord) -> bool:
+    return not is_orbax_unretrieved(record.getMessage())
+
+
 def mute_closed_loop_echoes() -> None:
     """When a save fails, tensorstore's writes still in flight complete into the event loop
     orbax already closed, and each prints ``RuntimeError: Event loop is closed`` with a
-    traceback (99 of them behind a full disk's one message), and asyncio logs orbax's failed
-    writer tasks as "Task (or Future) exception was never retrieved". Those echoes, and only those (see
-    `is_closed_loop_echo`), are not printed: the save's own error says what happened."""
+    traceback (99 of them behind a full disk's one message); asyncio logs orbax's failed writer
+    tasks and the futures that gather them as "<class> exception was never retrieved"; and at
+    exit each writer coroutine a failed gather never started warns that it "was never awaited"
+    (a full disk under load: 16 lines after the one error, 1 run in 6). Those echoes, and only
+    those (`is_closed_loop_echo`, `is_orbax_unretrieved`, `ORBAX_UNAWAITED`), are not printed:
+    the save's own error says what happened. Idempotent; the warning filter is put back on
+    every call (`warnings.catch_warnings`, as pytest's around each test, drops it on exit)."""
+    logging.getLogger("asyncio").addFilter(_not_orbax_unretrieved)  # once: it is one object
+    warnings.filterwarnings("ignore", category=RuntimeWarning, message=ORBAX_UNAWAITED)
     if getattr(sys.excepthook, "_recjax_mute", False):
         return
     hook, unraisable = sys.excepthook, sys.unraisablehook
@@ -41,22 +60,6 @@ def mute_closed_loop_echoes() -> None:
 
     excepthook._recjax_mute = True
     sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
-    # and asyncio's "<class> exception was never retrieved" (Task, Future, _GatheringFuture)
-    # for orbax's own writer tasks and the futures that gather them, and, at exit, the
-    # RuntimeWarning of the writer coroutines a failed gather never started (a full disk under
-    # load: 16 lines after the one error, 1 run in 6): the save's exception already carries
-    # what failed
-    logging.getLogger("asyncio").addFilter(lambda r: not is_orbax_unretrieved(r.getMessage()))
-    warnings.filterwarnings("ignore", category=RuntimeWarning, message=ORBAX_UNAWAITED)
-
-
-# the coroutine orbax's serialization gathers, one per array fragment (orbax-checkpoint 0.11)
-ORBAX_UNAWAITED = r"coroutine 'async_serialize_from_host\.<locals>\.write_fragment' was never awaited"
-
-
-def is_orbax_unretrieved(message: str) -> bool:
-    """asyncio's log line for a failed task or future nobody awaited, where it is orbax's."""
-    return re.match(r"\w+ exception was never retrieved\n", message) is not None and "orbax" in message
 
 
 @contextlib.contextmanager

@@ -413,6 +413,8 @@ def test_orbax_s_echoes_of_a_failed_save_are_muted_and_nothing_else(caplog):
 
     from recjax import checkpoint_quiet
 
+    with warnings.catch_warnings():  # an earlier save (pytest wraps each test so): its
+        checkpoint_quiet.mute_closed_loop_echoes()  # warning filter is dropped on exit
     checkpoint_quiet.mute_closed_loop_echoes()
 
     async def fail(where: str):
