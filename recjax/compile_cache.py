@@ -7,6 +7,7 @@ executables, so the same bits).
 
 Where: ``train.compile_cache`` = ``auto`` -> ``$RECJAX_CACHE/jax`` (``RECJAX_CACHE`` defaults to
 ``~/.cache/recjax``); ``off`` -> no persistent cache; anything else is the directory itself.
+The tests use ``$RECJAX_CACHE/jax-tests`` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -29,19 +30,23 @@ def directory(setting: str) -> str | None:
     return setting
 
 
-def enable(setting: str) -> str | None:
-    """Point jax's persistent compilation cache at `setting`'s directory; returns it (or None).
+def enable(setting: str, min_seconds: float = MIN_COMPILE_SECONDS) -> str | None:
+    """Point jax's persistent compilation cache at `setting`'s directory, writing the programs
+    that take at least `min_seconds` to compile; returns the directory in use (or None).
 
-    Call before the first jit compiles (scripts/train.py and `recjax.fit` do); jax keeps the
-    first directory a process used.
+    Call before the first jit compiles (scripts/train.py and `recjax.fit` do). A process keeps
+    the first cache it was given: a later call changes nothing and returns that one (the
+    tests' own cache, tests/conftest.py, stays theirs through every `fit` they call).
     """
     path = directory(setting)
     if path is None:
         return None
     import jax
 
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path

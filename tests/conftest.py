@@ -1,4 +1,4 @@
-"""Test setup: 8 fake CPU devices (set before JAX starts) and the real-data location."""
+"""Test setup: 8 fake CPU devices (set before JAX starts), the compile cache, the real-data location."""
 
 import json
 import os
@@ -10,6 +10,15 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
+
+from recjax import compile_cache  # noqa: E402
+
+# The tests' own persistent compilation cache, every program written (min 0 s): the tests build
+# the same small programs again and again in new closures, and each is compiled once and loaded
+# after, even in a first run (docs/testing.md, "How long the suite takes"). Same executables,
+# same bits. RECJAX_TEST_COMPILE_CACHE=off compiles everything; a directory uses that one.
+compile_cache.enable(os.environ.get("RECJAX_TEST_COMPILE_CACHE")
+                     or compile_cache.directory("auto") + "-tests", min_seconds=0.0)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = pathlib.Path(os.environ.get("RECJAX_DATA", ROOT.parent / "shared" / "data"))

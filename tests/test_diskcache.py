@@ -74,6 +74,7 @@ def test_interrupted_first_pass_leaves_no_cache(tmp_path):
     assert not src.is_cached and os.listdir(tmp_path / "c") == []
 
 
+@pytest.mark.slow
 def test_the_key_does_not_depend_on_the_process_hash_seed(tmp_path):
     """Issue 40 item 8: the key hashed its reader files in a set's order, which follows
     PYTHONHASHSEED: 8 processes gave 5 keys for one file (re-parses, duplicate caches)."""

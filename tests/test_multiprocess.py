@@ -90,6 +90,7 @@ def _files(d):
     return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file() and p.name != ".lock"}
 
 
+@pytest.mark.slow
 def test_the_out_policy_holds_for_a_multi_process_run(tmp_path):
     """Issue 40 item 3: a 2-process run into the --out of a single-process run (checkpoints
     there) is refused by every process, and the old run's files are left as they were; so is
