@@ -114,9 +114,19 @@ def test_sampling_counts_the_driver_and_its_children():
     child = [sys.executable, "-c", "import time\nc = time.process_time()\n"
              "while time.process_time() - c < 0.4: pass\nprint('done', flush=True)\n"
              "time.sleep(30)"]
-    go = threading.Event()
-    burners = [threading.Thread(target=lambda: (go.wait(), _burn(0.1)), name=f"burner-{i}")
-               for i in (7, 12)]
+    # two burners that end inside the window, each after a sample saw all its CPU (a thread's
+    # CPU after its last sample is lost by design: under load the sampler may not run for a while)
+    go, release = threading.Event(), threading.Event()
+    burnt = [threading.Event() for _ in range(2)]
+
+    def burner(done: threading.Event) -> None:
+        go.wait()
+        _burn(0.1)
+        done.set()
+        release.wait(10)
+
+    burners = [threading.Thread(target=burner, args=(e,), name=f"burner-{i}")
+               for i, e in zip((7, 12), burnt)]
     for b in burners:
         b.start()
     with bs._sampling(0.02) as samples:
@@ -124,6 +134,11 @@ def test_sampling_counts_the_driver_and_its_children():
         p = subprocess.Popen(child, stdout=subprocess.PIPE, text=True)
         _burn(0.3)
         go.set()
+        assert all(e.wait(10) for e in burnt)
+        n = len(samples)
+        while len(samples) < n + 2:
+            time.sleep(0.01)
+        release.set()
         for b in burners:
             b.join(timeout=10)  # ended inside: their last sampled CPU counts
         assert p.stdout.readline().strip() == "done"
