@@ -12,8 +12,11 @@ install:
 test:
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=10
 
+# worksteal: the slow tests sit together late in the collection order, and xdist's default `load`
+# leaves one worker to run them while the other waits, ~19 of a cold run's 56 minutes replayed
+# (scripts/suite_schedule.py; docs/testing.md, "How long the suite takes").
 test-all:
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "" --durations=20
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m "" --durations=20
 
 # DCN-v2 and DIN against DeepCTR-Torch and TorchRec (tests/test_peer_models.py): a test-only
 # extra in its own virtual environment that sees this one (requirements-peer.txt), made on first
