@@ -135,8 +135,8 @@ def test_sampling_counts_the_driver_and_its_children():
         _burn(0.3)
         go.set()
         assert all(e.wait(10) for e in burnt)
-        n = len(samples)
-        while len(samples) < n + 2:
+        n, deadline = len(samples), time.monotonic() + 10
+        while len(samples) < n + 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         release.set()
         for b in burners:
