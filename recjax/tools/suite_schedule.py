@@ -8,7 +8,7 @@ be chosen from one measured run instead of one 56-minute run per choice.
 
 The model follows pytest-xdist 3.x (`xdist/scheduler/load.py`, `worksteal.py`):
 
-* ``load``: each worker first gets a run of ``max(min(n // workers // 4, n), 2)`` consecutive
+* ``load``: each worker first gets a run of ``max(n // workers // 4, 2)`` consecutive
   tests; when a worker's queue falls below ``max(2, pending // workers // 4)`` after a test it is
   filled to ``max(2, pending // workers // 2)``, unless that test took >= 0.1 s and it still
   holds 2. What a worker holds stays there: the other may run out and wait.
@@ -66,7 +66,7 @@ def _replay(d: Sequence[float], workers: int, dist: str) -> list[list[int]]:
     queue: list[list[int]] = [[] for _ in range(workers)]
     if dist == "load":
         pending = list(range(n))
-        first = max(min(n // workers // 4, n), 2)
+        first = max(n // workers // 4, 2)
         for w in range(workers):
             queue[w], pending = pending[:first], pending[first:]
     else:
