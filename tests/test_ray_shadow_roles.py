@@ -36,6 +36,22 @@ def _no_role_here(monkeypatch):
     monkeypatch.setattr(ray_workers.RayWorker, "compute", here)
 
 
+def _kept_rows(monkeypatch) -> dict:
+    """Filled, once the run's worker actors opened their data: each group's training examples
+    held in its actor (`RoleServer.kept_rows`)."""
+    from algorithms.runtime import ray_placement
+
+    kept, warm = {}, ray_placement.RayPlacement.warm
+
+    def spy(self, *args, **kwargs):
+        warm(self, *args, **kwargs)
+        for g, h in self.groups.handles.items():
+            kept[g] = ray.get(h.kept_rows.remote())
+
+    monkeypatch.setattr(ray_placement.RayPlacement, "warm", spy)
+    return kept
+
+
 def _reference(cfg, batch_list, k: int, alpha: float):
     """One trainer of one worker by hand: `train_step` on each batch, and after every k-th an
     S-EASGD exchange of its dense params with wPS, Alg. 2's two lines in order, in numpy."""
@@ -214,7 +230,11 @@ def test_shadow_trainers_in_their_actors_sync_in_the_background_and_resume_on_th
     out = tmp_path / "run"
     cfg = on_ray(base, roles="actors")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=str(out)))
+    kept = _kept_rows(monkeypatch)
     s = shadowsync.run(cfg)
+    # each trainer's actor holds its two workers' examples (row % 4 in {2t, 2t + 1}), not all
+    assert kept == {t: int(np.isin(np.arange(8192) % 4, (2 * t, 2 * t + 1)).sum())
+                    for t in range(2)}, kept
     assert s["backend"] == "ray" and s["steps"] == steps and s["worker_iterations"] == steps
     assert s["lost_roles"] == [] and s["syncs"] > 0
     assert s["avg_sync_gap"] == pytest.approx(steps / s["syncs"])

@@ -73,6 +73,28 @@ def test_a_mid_epoch_start_through_the_shuffle(workers, worker, start):
                                                                 start))
 
 
+@settings(max_examples=10, deadline=None)
+@given(workers=st.integers(2, 5), data=st.data(), buffer=st.sampled_from([0, 257, 5000]))
+def test_a_group_share_gives_each_member_the_batches_of_the_whole_cache(workers, data, buffer):
+    """The shares of a group of workers in one process (a ShadowSync trainer's m workers in
+    its Ray actor), kept once: each member's stream as from the whole pass, and no other
+    worker's examples held."""
+    group = tuple(data.draw(st.sets(st.integers(0, workers - 1), min_size=2)))
+    share = ShardCache(_source(), group, workers)
+    share.fill()
+    whole = _whole()
+    for worker in group:
+        _same(_stream(share, worker, workers, buffer, 0),
+              _stream(whole, worker, workers, buffer, 0))
+    assert share.kept_rows == int(np.isin(np.arange(3000) % workers, group).sum())
+    others = [w for w in range(workers) if w not in group]
+    if others:
+        with pytest.raises(IndexError, match="not in the share of workers "):
+            _stream(share, others[0], workers, buffer, 0)
+    else:  # every worker's: the whole pass, read as one
+        _same(_stream(share, 0, 1, buffer, 0), _stream(whole, 0, 1, buffer, 0))
+
+
 def test_a_position_outside_the_share_is_an_error_not_a_read():
     share = ShardCache(_source(), 1, 3)
     share.fill()

@@ -173,9 +173,9 @@ class RayPlacement:
 
     def warm(self, params, batch, shares=True):
         """Compile the groups' functions and (roles in the actors) open their data."""
-        # (a group of one worker is that worker: it keeps its share; a larger one, all)
-        keep, w = ray_role_driver.keep, self.rt.num_workers
-        opening = [h.prepare.remote(*keep(shares, g, w, self.groups.sizes[g]))
+        # (a group keeps the shares of its workers: one worker's, a ShadowSync trainer's m)
+        keep, w, members = ray_role_driver.keep, self.rt.num_workers, self.groups.members
+        opening = [h.prepare.remote(*keep(shares, members.get(g, ()), w))
                    for g, h in self.groups.handles.items()] if self.in_actors else []
         self.groups.warm_all(params, batch)
         ray_backend._ray().get(opening)

@@ -39,13 +39,16 @@ def in_actors(cfg) -> bool:
     return True
 
 
-def keep(shares: bool, wid, workers: int, group_size: int) -> tuple[int, int]:
+def keep(shares: bool, members, workers: int) -> tuple:
     """The share of the training data a worker group's actor keeps for its roles
-    (`RoleServer.prepare`): worker `wid`'s of `workers` where the group is that one worker
-    and its supply `shares` the data out, each worker its own examples (`supply.StaticShards`);
-    all of it (``(0, 1)``) for GBA's list, which may hand any worker any entry, or a group of
-    several workers (a ShadowSync trainer's)."""
-    return (wid, workers) if shares and group_size == 1 else (0, 1)
+    (`RoleServer.prepare`) where its supply `shares` the data out, each worker its own
+    examples (`supply.StaticShards`): its workers' `members`' of `workers` (one worker's, or
+    a ShadowSync trainer's m workers', `recjax.data.shard_cache.ShardCache`); all of it
+    (``(0, 1)``) for GBA's list, which may hand any worker any entry."""
+    members = tuple(sorted(members))
+    if not shares or not members:
+        return 0, 1
+    return (members[0] if len(members) == 1 else members), workers
 
 
 class ActorWorker:
@@ -69,6 +72,8 @@ class ActorWorker:
         self.group_size = group_size
         self.counters = counters or Counters(shard_bytes=[0] * rt.ps.num_shards)
         self.handle = rt.placement.groups.get(group, group_size)
+        if supply is not None:  # the group's actor keeps the data of its workers
+            rt.placement.groups.members.setdefault(group, set()).add(wid)
         self._reader = counted(rt.data, f"worker {wid}") if supply is not None else None
         self._kill_at = parse_kill(rt.cfg.ray.kill).get(("worker", wid), 0)
         self.died = False  # its process died (not: its role raised)
@@ -79,7 +84,8 @@ class ActorWorker:
         shards = [(sh.handle if sh.names else None, list(sh.names), sh.generation)
                   for sh in rt.ps.shards]
         dims = {t.name: t.embedding_dim for t in rt.model.layout.tables}
-        share = keep(sup is not None and sup.shares, self.wid, rt.num_workers, self.group_size)
+        members = rt.placement.groups.members.get(self.group, ())
+        share = keep(sup is not None and sup.shares, members, rt.num_workers)
         self._call("start_role", fn, self.wid, rt.num_workers, share,
                    sup.actor_spec() if sup is not None else None, shards, dims,
                    rt.dense_bytes, *args)

@@ -212,12 +212,13 @@ class RoleServer(ComputeServer):
                                        name=name, daemon=True)
         slot.thread.start()
 
-    def prepare(self, wid: int, workers: int) -> None:
-        """Open the data in this process, keeping worker `wid`'s share of `workers` (synthetic
-        data generated and its share kept: `supply.Feed`; ``(0, 1)``: all of it, for GBA's
-        list, which may hand any worker any entry, or a group of several workers), once for
-        the run: the placement calls it before the clock runs, as the driver opens its own
-        data while the run sets up."""
+    def prepare(self, wid, workers: int) -> None:
+        """Open the data in this process, keeping the share of worker `wid` (or of the tuple
+        of workers `wid`: a ShadowSync trainer's) of `workers` (synthetic data generated and
+        its share kept: `supply.Feed`; ``(0, 1)``: all of it, for GBA's list, which may hand
+        any worker any entry), once for the run: the placement calls it before the clock
+        runs, as the driver opens its own data while the run sets up
+        (`ray_role_driver.keep`)."""
         from algorithms.runtime.supply import Feed
 
         share = (wid, workers)
@@ -225,6 +226,12 @@ class RoleServer(ComputeServer):
             if self._feed is None or self._feed_share != share:
                 self._feed, self._feed_share = None, share
                 self._feed = Feed(self.cfg, self.batch_size, share=share)
+
+    def kept_rows(self) -> int | None:
+        """Training examples this process holds in memory (None: it reads them from their
+        file as it goes, or has not opened them)."""
+        train = self._feed.data.train if self._feed is not None else None
+        return getattr(train, "kept_rows", None)
 
     def _dense_apply(self):
         """The dense optimizer's update, jitted here (`engine.Runtime.dense_apply`'s)."""

@@ -157,6 +157,7 @@ class Groups:
 
     def __init__(self, rt, cluster):
         self.rt, self.cluster, self.handles, self.pids, self.sizes = rt, cluster, {}, {}, {}
+        self.members: dict[int, set] = {}  # group -> its workers (roles in the actors)
         self.respawns = 0
 
     def respawn(self, group: int) -> None:

@@ -5,8 +5,10 @@ holding the whole pass.
 Worker ``w`` of ``W`` trains on the examples with ``row % W == w`` (`recjax.data.stages.select`).
 A whole-pass cache (`recjax.data.pipeline.CachedSource`) in each of W worker processes holds
 the pass W times over (dlrm_kaggle's 4M synthetic rows: 1.76 GB per worker actor). `ShardCache`
-keeps only the worker's examples, and the pass's geometry beside them (its chunk sizes and row
-ids, 8 bytes an example), so that the worker's stream is read by position
+keeps only the worker's examples (or those of a group of workers that share one process: a
+ShadowSync trainer's m Hogwild workers, m / W of the pass), and the pass's geometry beside
+them (its chunk sizes and row ids, 8 bytes an example), so that the worker's stream is read by
+position
 (`recjax.data.seek.selected`, `locate`/`resume` for a mid-epoch start) exactly as from a
 whole-pass cache: the same positions, the same shuffle draws, the same batches
 (tests/test_shard_cache.py). A position outside the share is an error, not a silent read.
@@ -26,16 +28,23 @@ from recjax.data import seek
 class ShardCache:
     """`source`'s examples with ``row % num_workers == worker``, kept after one pass (`fill`).
 
-    A pass of more than `max_rows` examples is not kept (as `CachedSource`): every method then
-    reads `source`. Kept, the source is `random_access` and seeks by position; a whole pass
-    (`chunks`) exists only for ``num_workers == 1``.
+    `worker` may be a tuple of workers: the examples of each of them are kept (a group of
+    workers in one process reads each member's stream from the one cache). A pass of more
+    than `max_rows` examples is not kept (as `CachedSource`): every method then reads
+    `source`. Kept, the source is `random_access` and seeks by position; a whole pass
+    (`chunks`) exists only where the share is every worker's (``num_workers == 1``).
     """
 
-    def __init__(self, source, worker: int, num_workers: int, max_rows: int = 1_000_000):
-        if not 0 <= worker < num_workers:
-            raise ValueError(f"worker must be in [0, {num_workers}), got {worker}")
-        self.source, self.worker, self.num_workers, self.max_rows = (source, worker,
-                                                                     num_workers, max_rows)
+    def __init__(self, source, worker: int | tuple[int, ...], num_workers: int,
+                 max_rows: int = 1_000_000):
+        members = tuple(sorted({worker} if isinstance(worker, int) else set(worker)))
+        if not members or not all(0 <= w < num_workers for w in members):
+            raise ValueError(f"worker must be in [0, {num_workers}) (or a non-empty tuple of "
+                             f"such), got {worker}")
+        self.source, self.num_workers, self.max_rows = source, num_workers, max_rows
+        self.members = members  # the workers whose examples are kept
+        self.worker = members[0] if len(members) == 1 else members
+        self._whole = len(members) == num_workers
         self.name, self.spec = source.name, source.spec
         self._sizes: list[int] | None = None  # the pass's chunk sizes
         self._rows: list[np.ndarray] = []  # each chunk's row ids
@@ -55,7 +64,7 @@ class ShardCache:
             if total > self.max_rows:  # too big to keep: read from the source every time
                 self._too_big = True
                 return
-            mine = np.flatnonzero(chunk.row % self.num_workers == self.worker)
+            mine = np.flatnonzero(self._mine(chunk.row))
             sizes.append(chunk.size)
             rows.append(np.array(chunk.row, np.int64))
             if mine.size:
@@ -70,6 +79,20 @@ class ShardCache:
                     a.flags.writeable = False  # a consumer writing into a batch fails loudly
         self._at = np.concatenate(at) if at else np.zeros(0, np.int64)
         self._stats = copy.deepcopy(self.source.stats)
+
+    def _mine(self, row: np.ndarray) -> np.ndarray:
+        """Whether each of the rows `row` belongs to the share (boolean mask)."""
+        if self._whole:
+            return np.ones(row.shape, bool)
+        w = row % self.num_workers
+        if len(self.members) == 1:
+            return w == self.members[0]
+        return np.isin(w, self.members)
+
+    @property
+    def kept_rows(self) -> int | None:
+        """Examples kept in memory (None: not kept, read from the source)."""
+        return sum(c.size for c in self._kept) if self._sizes is not None else None
 
     @property
     def random_access(self) -> bool:
@@ -101,7 +124,7 @@ class ShardCache:
         if positions.ndim != 1 or not positions.size or not ok.all():
             bad = positions[~ok][:3] if positions.ndim == 1 else positions
             raise IndexError(f"{self.name}: stream positions {bad.tolist()} are not in the share "
-                             f"of worker {self.worker} of {self.num_workers} this cache holds")
+                             f"of {self._who()} of {self.num_workers} this cache holds")
         self._handed += positions.size
         return seek.gather([c.size for c in self._kept], self._kept.__getitem__, idx)
 
@@ -112,14 +135,18 @@ class ShardCache:
         if self._sizes is None:
             yield from self.source.chunks(start) if start else self.source.chunks()
             return
-        if self.num_workers != 1:
-            raise ValueError(f"{self.name}: this cache holds worker {self.worker} of "
+        if not self._whole:
+            raise ValueError(f"{self.name}: this cache holds {self._who()} of "
                              f"{self.num_workers}'s share, not a whole pass; read it by position "
                              "(recjax.data.seek.selected)")
         first = 0
-        for chunk in self._kept:  # (one worker: every chunk whole)
+        for chunk in self._kept:  # (every worker's: every chunk whole)
             if start < first + chunk.size:
                 lo = max(start - first, 0)
                 self._handed += chunk.size - lo
                 yield take(chunk, slice(lo, None)) if lo else chunk
             first += chunk.size
+
+    def _who(self) -> str:
+        m = self.members
+        return f"worker {m[0]}" if len(m) == 1 else f"workers {', '.join(map(str, m))}"
