@@ -8,9 +8,8 @@ the pass W times over (dlrm_kaggle's 4M synthetic rows: 1.76 GB per worker actor
 keeps only the worker's examples (or those of a group of workers that share one process: a
 ShadowSync trainer's m Hogwild workers, m / W of the pass), and the pass's geometry beside
 them (its chunk sizes and row ids, 8 bytes an example), so that the worker's stream is read by
-position
-(`recjax.data.seek.selected`, `locate`/`resume` for a mid-epoch start) exactly as from a
-whole-pass cache: the same positions, the same shuffle draws, the same batches
+position (`recjax.data.seek.selected`, `locate`/`resume` for a mid-epoch start) exactly as
+from a whole-pass cache: the same positions, the same shuffle draws, the same batches
 (tests/test_shard_cache.py). A position outside the share is an error, not a silent read.
 """
 
