@@ -29,11 +29,13 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec as P
 
 from recjax.batch import Batch
 from recjax.config import Config
 from recjax.features import FeatureSpec
+from recjax.train.data import process_rows
 from recjax.train.setup import make_model
 from recjax.train.step import (
     TrainState,
@@ -141,14 +143,24 @@ class SyncStrategy(CheckpointLayout):
 
     def _check_route(self, batch: Batch) -> None:
         """Count, on the first batches, the steps that exceed the routing capacity (they take
-        the exact but slower masked path), and say so once."""
+        the exact but slower masked path), and say so once.
+
+        In a multi-process run a process holds only its block of each global batch (the other
+        rows zero, `recjax.train.data.block_batches`): it checks the routing sources inside its
+        block, and `summary` joins the processes' flags (a step is over capacity where any
+        source is)."""
         plan, factor = self.plan, self.setup.cfg.spmd.route_capacity
-        b = batch.label.shape[0] // self.n_data
-        if not routing.routable(plan, factor, b):
+        n = batch.label.shape[0]
+        if not routing.routable(plan, factor, n // self.n_data):
             return
         split = not plan.same_axis
-        sources = self.n_data * (plan.n_shards if split else 1)
-        over = routing.host_over(plan, batch.ids, batch.mask, factor, sources)
+        sources = self.n_data * (plan.n_shards if split else 1)  # contiguous slices of the batch
+        ids, mask = batch.ids, batch.mask
+        rows = process_rows(self, n)
+        if rows is not None:  # this process's block: whole sources (the data axis's shards)
+            ids, mask = ids[rows], None if mask is None else mask[rows]
+            sources = sources * (rows.stop - rows.start) // n
+        over = routing.host_over(plan, ids, mask, factor, sources)
         if over and not any(self._route_over):
             print(f"note: a batch exceeds the id-routing capacity (spmd.route_capacity={factor}); "
                   "such steps take the exact, slower masked path. summary.json counts them "
@@ -265,9 +277,12 @@ class SyncStrategy(CheckpointLayout):
         out = {"mesh": dict(self.mesh.shape), "table_axis": self.plan.axis,
                "table_sharding": self.plan.kinds, **self.comm}
         if self._route_over:
+            over = np.asarray(self._route_over, np.int32)
+            if jax.process_count() > 1:  # (every process calls this) each checked its block
+                over = np.any(multihost_utils.process_allgather(over), axis=0)
             out["route_capacity"] = self.setup.cfg.spmd.route_capacity
             out["route_over_capacity"] = {"checked_batches": len(self._route_over),
-                                          "over": int(sum(self._route_over))}
+                                          "over": int(np.sum(over))}
         return out
 
 

@@ -48,6 +48,11 @@ def _compare(tmp_path, args, bitwise=True):
     preds = [np.loadtxt(tmp_path / d / "predictions.csv", delimiter=",", skiprows=1) for d in ("one", "two")]
     assert preds[0].shape == (1000, 2)
     np.testing.assert_allclose(preds[1], preds[0], rtol=1e-5, atol=1e-7)
+    # the summary's counters are the whole run's, not process 0's (each holds its block of
+    # every batch: the route-capacity check joins the processes' flags)
+    one, two = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("one", "two"))
+    assert two.get("route_over_capacity") == one.get("route_over_capacity")
+    return one
 
 
 def test_resume_without_out_refused_before_starting(tmp_path):
@@ -76,6 +81,14 @@ def test_sync_two_processes_equal_one(tmp_path):
 def test_sync_one_axis_routed_two_processes_equal_one(tmp_path):
     """The 1-D mesh's owner routing: all_to_all of ids, rows and row gradients across processes."""
     _compare(tmp_path, ["--algo", "sync", "--spmd.route_capacity=8"])
+
+
+@pytest.mark.slow
+def test_route_capacity_counts_every_processes_batches(tmp_path):
+    """At a routing capacity that some batches exceed, the two processes' summary counts the
+    steps over it as the single process does, though each process checked only its block."""
+    one = _compare(tmp_path, ["--algo", "sync", "--spmd.route_capacity=0.55"])
+    assert 0 < one["route_over_capacity"]["over"] < one["route_over_capacity"]["checked_batches"]
 
 
 def _launch(args, out, timeout=100):
