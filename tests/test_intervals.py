@@ -81,6 +81,27 @@ def test_in_memory_intervals_equal_a_chain_of_resumptions(tmp_path, algo, fields
     assert chain["eval_ne"] == whole["eval_ne"] and chain["train_ne"] == whole["train_ne"]
 
 
+@pytest.mark.parametrize("algo", [a if a == "async" else pytest.param(a, marks=pytest.mark.slow)
+                                  for a in HOST_ASYNC])
+def test_a_resume_at_the_runs_end_evaluates_its_checkpoint(tmp_path, algo):
+    """A ``--resume`` from a checkpoint at the run's end (its summary.json lost after the last
+    checkpoint, or the same command run twice) trains nothing and writes the summary the run
+    wrote, as the single trainer does; a checkpoint past the requested steps is refused."""
+    first = algorithms.run(_cfg(tmp_path, algo, "run", steps=16))
+    path = tmp_path / "run" / "summary.json"
+    before = json.loads(path.read_text())
+    path.unlink()
+    again = algorithms.run(_cfg(tmp_path, algo, "run", steps=16, resume=True))
+    assert again["resumed_from_step"] == 16 and again["worker_iterations"] == 0
+    after = json.loads(path.read_text())
+    for key in ("steps", "examples", "train_ne", "eval_ne", "eval_auc", "eval_logloss"):
+        assert after[key] == before[key], key
+    assert_trees(again["final_state"], first["final_state"])
+    assert Checkpointer(str(tmp_path / "run" / "checkpoints"), 5).all_steps() == [8, 16]
+    with pytest.raises(ValueError, match="at step 16, past the requested 8 steps"):
+        algorithms.run(_cfg(tmp_path, algo, "run", steps=8, resume=True))
+
+
 def test_an_lru_store_goes_on_as_from_its_checkpoint(tmp_path):
     from recjax.config import EmbedConfig
 

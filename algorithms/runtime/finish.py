@@ -178,8 +178,8 @@ def finish(rt: Runtime, params: Any, opt_state: Any, sched: Schedule, workers: l
     report.final(step, sched.seconds, None if report.early is not None else ev, extra)
     contract.write_summary(cfg, summary, preds)
     # the final checkpoint after the summary: a kill in between leaves the one before, which a
-    # --resume continues to the end (a resume from a checkpoint at the run's end is refused,
-    # so the other order left a run killed there without a summary, for good)
+    # --resume continues to the end (a resume from a checkpoint at the run's end only
+    # evaluates it and writes the summary again, the step's checkpoint kept as it is)
     try:
         if to_save is not None:
             contract.save(rt.ckpt, cfg, to_save[0], rt.progress, wall, mine, parts=to_save[1],

@@ -48,15 +48,17 @@ def open_segment(cfg: Config, state: TrainState, workers: int, steps_per_epoch: 
     policy; a resume's tables read by `loader`'s holders, `recjax.checkpoint_parts.Loader`).
 
     Raises:
-      ValueError: a resumed run whose checkpoint already reaches the requested steps.
+      ValueError: a resumed run whose checkpoint is past the requested steps (one at them
+        trains nothing: its roles end at once, and the run's end evaluates it and writes the
+        summary, as the single trainer does).
     """
     tc = cfg.train
     ckpt, state, progress = contract.open_run(cfg, state, resume=tc.resume, loader=loader)
     start = int(state.step)
     run_end = tc.steps or tc.epochs * steps_per_epoch
-    if tc.resume and start >= run_end:
-        raise ValueError(f"the checkpoint is at step {start}, which already reaches the "
-                         f"requested {run_end} steps; raise --steps (or --epochs) to go on")
+    if tc.resume and start > run_end:
+        raise ValueError(f"the checkpoint is at step {start}, past the requested {run_end} "
+                         "steps; raise --steps (or --epochs) to go on")
     periodic = bool(tc.ckpt_every and ckpt is not None)
     end = segment_end(cfg, start, run_end, workers, periodic)
     return ckpt, state, progress, Span(tc.resume, start, start, end, run_end, periodic)

@@ -107,7 +107,7 @@ class Feed:
                              f"workers (e.g. {k - k % workers or workers}): each interval gives "
                              "every worker the same number of batches, so its shard goes on "
                              "where it stopped")
-        if remaining < workers:
+        if 0 < remaining < workers:  # (0: a resume at the run's end only evaluates)
             raise ValueError(f"{remaining} steps cannot feed {workers} workers; raise --steps "
                              "or lower --trainers / --workers-per-trainer")
         return StaticShards(self.data, self.batch_size, self.cfg.train.seed, self.shuffle,
