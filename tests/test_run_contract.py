@@ -53,6 +53,23 @@ def test_host_async_resume_checks_the_config_and_carries_train_ne(tmp_path):
     assert resumed["train_ne"] == pytest.approx(straight["train_ne"], rel=1e-6)
 
 
+@pytest.mark.parametrize("algo", ["single", "async"])
+def test_a_resume_at_the_end_evaluates_and_past_it_is_refused(tmp_path, algo):
+    """Every trainer alike: a --resume from a checkpoint at the requested steps trains nothing
+    and evaluates it (the same summary); one past them is an error, not a summary of a later
+    step than asked for (the single trainer evaluated step 16 when asked for 8)."""
+    def cfg(steps, resume=False):
+        return small_cfg(algo, steps=steps, trainers=2, workers_per_trainer=1,
+                         train={"out": str(tmp_path), "resume": resume})
+
+    run = loop.run if algo == "single" else async_ps.run
+    first = run(cfg(16))
+    again = run(cfg(16, resume=True))
+    assert again["steps"] == 16 and again["eval_ne"] == first["eval_ne"]
+    with pytest.raises(ValueError, match="at step 16, past the requested 8 steps"):
+        run(cfg(8, resume=True))
+
+
 @pytest.mark.parametrize("algo", ["single", "gba"])
 def test_a_nan_loss_stops_the_run_and_is_never_checkpointed(tmp_path, algo):
     """Item 4: --dense.lr=1e30 trained on NaN to the end (and the host-async runs saved it)."""

@@ -146,6 +146,9 @@ def run(cfg: Config, make_strategy=None, checkpoints=True, agree=None) -> dict:
 
     ckpt, state, progress = contract.open_run(cfg, state, checkpoints)
     start_step = int(state.step)
+    if tc.resume and start_step > total_steps:  # (at them: trains nothing, evaluates it)
+        raise ValueError(f"the checkpoint is at step {start_step}, past the requested "
+                         f"{total_steps} steps; raise --steps (or --epochs) to go on")
     strategy = (make_strategy or (lambda c, *a: SingleDevice(*a)))(cfg, model, tx, sparse_opt)
     if hasattr(strategy, "extra"):  # a strategy with state of its own (see `Strategy`)
         state = strategy.prepare(state, restore_extra(strategy, ckpt, state))
