@@ -114,6 +114,13 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
 
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
+    rule, k = make_rule(cfg), cfg.ray.dense_shards
+    if cfg.runtime.backend == "ray" and k > 1 and not rule.collective:
+        why = ("its sync PS (wPS) is one actor, not cut into blocks" if rule.name == "easgd"
+               else "there is no sync, so no dense server to cut")
+        raise ValueError(f"--ray.dense_shards {k} cuts ShadowSync's all-reduce (--sync ma or "
+                         f"bmuf) into blocks; with --sync {rule.name} {why}: drop "
+                         "--ray.dense_shards")
     return intervals.run(cfg, cfg.runtime.hogwild_workers, interval)  # n x m worker roles
 
 

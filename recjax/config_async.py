@@ -201,11 +201,15 @@ class RayConfig:
         and talks to the PS actors itself (the dense PS is an actor too); the driver only
         starts them, hands out steps in chunks and watches (issue 38). ``driver``: the roles
         run in the driver's threads and each step is one call from there.
-        ``auto``: ``actors`` for the algorithms whose roles run there (``async``), ``driver``
-        for the others. Algorithms not ported refuse ``actors`` with the reason.
-      dense_shards: with the roles in the actors, async's dense PS as this many actors, each
-        holding a block of whole parameter arrays (Downpour's sharded PS, Dean et al. 2012
-        Sec. 4.1; algorithms/runtime/ray_dense.py); not with ``dense.clip_norm``.
+        ``auto``: ``actors`` for the algorithms whose roles run there (async, GBA, ShadowSync
+        and its FR baselines; not for an in-memory source of the driver's), ``driver`` for
+        the others (Persia). Algorithms not ported refuse ``actors`` with the reason.
+      dense_shards: with the roles in the actors, the dense server cut into this many actors,
+        each holding (or reducing) a block of whole parameter arrays: async's dense PS
+        (Downpour's sharded PS, Dean et al. 2012 Sec. 4.1; algorithms/runtime/ray_dense.py;
+        not with ``dense.clip_norm``), ShadowSync's MA / BMUF all-reduce
+        (`ray_wire.BlockGroup`). Refused by the algorithms without such a server (GBA's PS0,
+        Persia, ShadowSync's EASGD and none).
       chunk_s: with the roles in the actors, seconds of steps a worker actor runs per call of
         the driver (it stops at the next step boundary after this): the driver's work is per
         chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.

@@ -32,6 +32,8 @@ CAPABILITIES = {
     "backends": "run their roles on a backend of choice (threads, virtual clock, Ray)",
     "table_dims": "look up tables of several widths",
     "actor_roles": "run each worker's role inside its Ray worker actor (--ray.roles actors)",
+    "dense_blocks": "cut their dense server into blocks across Ray actors (async's dense PS, "
+                    "ShadowSync's MA / BMUF all-reduce)",
 }
 
 
@@ -69,13 +71,15 @@ ALGORITHMS: tuple[Algorithm, ...] = (
               "synchronous SGD on a device mesh (data parallel, sharded tables)"),
     Algorithm("des", SPMD, "algorithms.des:run", ("spmd",), frozenset({"in_loop_eval"}),
               "DES: distributed equivalent substitution (Rong et al., SIGIR 2020)"),
-    Algorithm("async", HOST_ASYNC, "algorithms.async_ps:run", _ENGINE, _ASYNC | {"actor_roles"},
+    Algorithm("async", HOST_ASYNC, "algorithms.async_ps:run", _ENGINE,
+              _ASYNC | {"actor_roles", "dense_blocks"},
               "asynchronous PS, Downpour / Hogwild (Dean et al. 2012)"),
     Algorithm("shadow", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"),
-              _ASYNC | {"actor_roles"},
+              _ASYNC | {"actor_roles", "dense_blocks"},
               "ShadowSync: background sync of replicas (Zheng et al. 2020)"),
     Algorithm("fr", HOST_ASYNC, "algorithms.shadowsync:run", (*_ENGINE, "shadowsync"),
-              _ASYNC | {"actor_roles"}, "ShadowSync's foreground baselines FR-EASGD / MA / BMUF"),
+              _ASYNC | {"actor_roles", "dense_blocks"},
+              "ShadowSync's foreground baselines FR-EASGD / MA / BMUF"),
     Algorithm("gba", HOST_ASYNC, "algorithms.gba:run", (*_ENGINE, "gba"), _ASYNC | {"actor_roles"},
               "GBA: global-batch gradient aggregation and its baselines (Su et al., NeurIPS 2022)"),
     Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"), _ASYNC,
@@ -141,6 +145,11 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.runtime.backend == "ray" and c.ray.roles == "actors",
          "runs its roles in the driver's threads under Ray (not ported yet): use --ray.roles "
          "driver (or auto)"),
+    Rule("--ray.dense_shards", "dense_blocks",
+         lambda c: c.runtime.backend == "ray" and c.ray.dense_shards > 1,
+         "keeps its dense state in one place (GBA's PS0: Alg. 2's update is one event over the "
+         "whole buffer; Persia: the NN workers' all-reduce in the driver): drop "
+         "--ray.dense_shards"),
     Rule("embed.dims", "table_dims", lambda c: bool(c.embed.dims),
          "has sharded lookups that assume one width per group: drop embed.dims"),
 )

@@ -144,18 +144,29 @@ def _fr_reference(cfg, n: int, per_trainer: int, k: int, alpha: float, eta: floa
 
 
 @pytest.mark.slow
-def test_fr_ma_in_the_trainers_actors_is_sync_sgd_on_the_global_batch(cluster, monkeypatch):
+@pytest.mark.parametrize("shards", [1, 3])
+def test_fr_ma_in_the_trainers_actors_is_sync_sgd_on_the_global_batch(cluster, monkeypatch,
+                                                                      shards):
     """FR-MA with k = 1 and a = 1 across two trainers' actors, their all-reduce group hosted
-    in an actor of its own (`ray_wire.Collectives`): every replica is the hand reference's
-    (Alg. 3 in numpy after each trainer's `train_step`), i.e. sync SGD on the global batch;
-    the syncs and their bytes (the ring's, 2 (n-1)/n P a party) are counted in the actors;
-    the driver takes and computes no step."""
+    in an actor of its own (`ray_wire.Collectives`; with ``--ray.dense_shards 3`` three, each
+    reducing one block of the parameters, `ray_wire.BlockGroup`): every replica is the hand
+    reference's (Alg. 3 in numpy after each trainer's `train_step`), i.e. sync SGD on the
+    global batch; the syncs and their bytes (the ring's, 2 (n-1)/n P a party) are counted in
+    the actors; the driver takes and computes no step."""
+    from algorithms.runtime import ray_placement, ray_wire
+
     _no_role_here(monkeypatch)
+    made, rendezvous = [], ray_placement.RayPlacement.rendezvous
+    monkeypatch.setattr(ray_placement.RayPlacement, "rendezvous",
+                        lambda self, *a: made.extend(rendezvous(self, *a)) or made)
     n, per = 2, 6
     cfg = on_ray(small_cfg("fr", steps=n * per, sparse=STILL_ROWS, trainers=n,
                            workers_per_trainer=1, sync="ma", alpha=1.0, sync_gap=1),
-                 roles="actors")
+                 roles="actors", dense_shards=shards)
     s = shadowsync.run(cfg)
+    if shards > 1:  # three hosts, each with its block of whole leaves
+        assert [type(g) for g in made] == [ray_wire.BlockGroup]
+        assert len({h.handle for h in made[0].parts}) == 3 and len(made[0].cut) == 3
     want = _fr_reference(cfg, n, per, 1, 1.0, rule="ma")
     assert s["backend"] == "ray" and s["lost_roles"] == [] and s["worker_iterations"] == n * per
     assert s["syncs"] == n * per and s["avg_sync_gap"] == 1.0

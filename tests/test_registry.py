@@ -35,6 +35,10 @@ HONOURED = {
     # (ray_roles.py); Persia's not yet
     "actor_roles": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", roles="actors"),
                     ("async", "shadow", "fr", "gba")),
+    # a dense server cut into blocks across actors: async's dense PS, ShadowSync's MA / BMUF
+    # all-reduce (the sync rules without one refuse in shadowsync.run: below)
+    "dense_blocks": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", dense_shards=2),
+                     ("async", "shadow", "fr")),
 }
 
 
@@ -71,7 +75,7 @@ def test_a_setting_is_refused_by_the_algorithms_that_cannot_honour_it(algo, sett
     with pytest.raises(ValueError) as e:
         registry.check(cfg)
     msg = str(e.value)
-    if setting == "actor_roles" and algo not in HONOURED["ray"][1]:
+    if setting in ("actor_roles", "dense_blocks") and algo not in HONOURED["ray"][1]:
         able = HONOURED["ray"][1]  # the first refusal: the Ray backend itself
     assert f"--algo {algo} " in msg and ("runs with --algo " + _either(able)) in msg, msg
     with pytest.raises(ValueError, match=f"--algo {algo} "):  # before anything is built
@@ -102,3 +106,17 @@ def test_where_the_roles_run_under_ray():
 def test_help_names_every_algorithm():
     line = registry.help_line()
     assert all(f"{n}: " in line for n in registry.NAMES)
+
+
+@pytest.mark.parametrize("rule", ["easgd", "none"])
+def test_shadowsync_cuts_only_an_all_reduce_into_blocks(rule):
+    """``--ray.dense_shards`` under ShadowSync cuts MA / BMUF's all-reduce
+    (tests/test_ray_shadow_roles.py); EASGD's one sync PS and no sync are refused, before Ray
+    starts, not run as if the flag were not there."""
+    from algorithms import shadowsync
+
+    cfg = _set(_set(_set(small_cfg("shadow", steps=2), "runtime", backend="ray"), "ray",
+                    dense_shards=2), "shadowsync", sync=rule)
+    registry.check(cfg)  # the algorithm has the capability; the sync rule decides
+    with pytest.raises(ValueError, match=f"--ray.dense_shards 2 cuts .* with --sync {rule} "):
+        shadowsync.run(cfg)

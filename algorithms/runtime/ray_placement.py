@@ -150,11 +150,29 @@ class RayPlacement:
     def rendezvous(self, count, n, reduce, like=None):
         """With the roles in the actors, the groups hosted in an actor of their own
         (`ray_wire.Collectives`, reused by the next interval as `host`'s servers are), each
-        joined through a `ray_wire.RemoteGroup`; else in this process."""
+        joined through a `ray_wire.RemoteGroup`; with ``--ray.dense_shards D`` in D actors,
+        each reducing one block of the parameters (`ray_wire.BlockGroup`); else in this
+        process."""
+        shards = self.rt.cfg.ray.dense_shards
+        if shards > 1 and not self.in_actors:
+            raise ValueError(f"--ray.dense_shards {shards} cuts the all-reduce into actors that "
+                             "the trainers' actors call: it needs the roles in the actors "
+                             "(--ray.roles actors or auto)")
         if not self.in_actors:  # (the same groups, in this process)
             return ray_wire.Collectives(count, n, reduce, like).groups
-        hosted = self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce, like)
-        return [ray_wire.RemoteGroup(hosted._handle, k, n) for k in range(count)]
+        if shards == 1:
+            hosted = self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce,
+                               like)
+            return [ray_wire.RemoteGroup(hosted._handle, k, n) for k in range(count)]
+        import jax
+
+        like = jax.device_get(like)
+        pdef = jax.tree.structure(like)
+        cut = dense_blocks.blocks(like, shards)
+        hosts = [self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce,
+                           pick(like, pdef, b)) for b in cut]
+        return [ray_wire.BlockGroup([h._handle for h in hosts], k, n, cut, pdef)
+                for k in range(count)]
 
     def companion(self, group, counters, group_size=1):
         """A role without batches beside group `group`'s workers (ShadowSync's shadow): with

@@ -30,6 +30,8 @@ import numpy as np
 
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import CLOSED, Rendezvous
+from algorithms.runtime.dense_blocks import join as join_blocks
+from algorithms.runtime.dense_blocks import pick
 from algorithms.runtime.ray_backend import _ray
 from algorithms.runtime.segments import StateLost
 
@@ -340,3 +342,37 @@ class RemoteGroup:
         ray = _ray()
         with contextlib.suppress(ray.exceptions.RayActorError):
             ray.get(self.handle.call.remote("close", self.k))
+
+
+class BlockGroup:
+    """Group `k` of several hosted `Collectives`, one per block of the parameters
+    (``--ray.dense_shards``, `dense_blocks.blocks`): a party sends block b of its value to
+    `handles` [b], all at once, and gets each block's reduction back, put together in its
+    value's layout. No one actor serves the whole of every sync: the shape of a ring's
+    reduce-scatter / all-gather, where each block is reduced in a place of its own. Exact for
+    a reduction that acts leaf by leaf (MA / BMUF's mean): each leaf is reduced as in one
+    group, over the same parties in the same order. A group closed in any block is closed."""
+
+    poll_s = RemoteGroup.poll_s
+
+    def __init__(self, handles: list, k: int, n: int, cut: list[list[int]], pdef):
+        self.parts = [RemoteGroup(h, k, n) for h in handles]
+        self.k, self.n, self.cut, self.pdef = k, n, cut, pdef
+
+    def join(self, index: int, value, stop: threading.Event):
+        ray = _ray()
+        value = jax.device_get(value)
+        refs = [g.handle.call.remote("join", self.k, index, pick(value, self.pdef, b))
+                for g, b in zip(self.parts, self.cut)]
+        while not stop.is_set():
+            if len(ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)[0]) == len(refs):
+                with state_lost("Collectives"):
+                    outs = ray.get(refs)
+                if any(closed for closed, _ in outs):
+                    return CLOSED
+                return join_blocks([out for _, out in outs], value, self.pdef)
+        return CLOSED
+
+    def close(self) -> None:
+        for g in self.parts:
+            g.close()
