@@ -114,13 +114,11 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
 
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
-    rule, k = make_rule(cfg), cfg.ray.dense_shards
-    if cfg.runtime.backend == "ray" and k > 1 and not rule.collective:
-        why = ("its sync PS (wPS) is one actor, not cut into blocks" if rule.name == "easgd"
-               else "there is no sync, so no dense server to cut")
-        raise ValueError(f"--ray.dense_shards {k} cuts ShadowSync's all-reduce (--sync ma or "
-                         f"bmuf) into blocks; with --sync {rule.name} {why}: drop "
-                         "--ray.dense_shards")
+    k = cfg.ray.dense_shards
+    if cfg.runtime.backend == "ray" and k > 1 and make_rule(cfg).name == "none":
+        raise ValueError(f"--ray.dense_shards {k} cuts ShadowSync's sync server (EASGD's wPS, "
+                         "MA / BMUF's all-reduce) into blocks; with --sync none there is no "
+                         "sync, so no server to cut: drop --ray.dense_shards")
     return intervals.run(cfg, cfg.runtime.hogwild_workers, interval)  # n x m worker roles
 
 
@@ -141,7 +139,8 @@ def interval(rt: Runtime) -> dict:
     # 2 x 2 MB (dlrm_kaggle) through two processes, and the shadow roles exchange back to
     # back: S-EASGD on Ray 0.55 -> 0.80x of threads on the 2-core box, docs/performance.md),
     # in an actor of its own when they run in theirs.
-    server = (rt.placement.host(SyncPS, sync_server, s0.params, rule, near_roles=True)
+    # (cut into blocks across actors with --ray.dense_shards, `placement.host_blocks`)
+    server = (rt.placement.host_blocks(SyncPS, sync_server, s0.params, rule, near_roles=True)
               if rule.name == "easgd" else None)
     # MA / BMUF: the all-reduce groups, FR's worker j of every trainer one group, the shadows
     # one; here, or (Ray, roles in the actors) hosted in an actor of their own

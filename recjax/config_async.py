@@ -207,9 +207,9 @@ class RayConfig:
       dense_shards: with the roles in the actors, the dense server cut into this many actors,
         each holding (or reducing) a block of whole parameter arrays: async's dense PS
         (Downpour's sharded PS, Dean et al. 2012 Sec. 4.1; algorithms/runtime/ray_dense.py;
-        not with ``dense.clip_norm``), ShadowSync's MA / BMUF all-reduce
-        (`ray_wire.BlockGroup`). Refused by the algorithms without such a server (GBA's PS0,
-        Persia, ShadowSync's EASGD and none).
+        not with ``dense.clip_norm``), ShadowSync's EASGD sync PS (`ray_dense.SyncShards`)
+        and MA / BMUF all-reduce (`ray_wire.BlockGroup`). Refused where there is no such
+        server (GBA's PS0, Persia, ShadowSync's ``--sync none``).
       chunk_s: with the roles in the actors, seconds of steps a worker actor runs per call of
         the driver (it stops at the next step boundary after this): the driver's work is per
         chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.

@@ -33,7 +33,7 @@ CAPABILITIES = {
     "table_dims": "look up tables of several widths",
     "actor_roles": "run each worker's role inside its Ray worker actor (--ray.roles actors)",
     "dense_blocks": "cut their dense server into blocks across Ray actors (async's dense PS, "
-                    "ShadowSync's MA / BMUF all-reduce)",
+                    "ShadowSync's sync PS or all-reduce)",
 }
 
 

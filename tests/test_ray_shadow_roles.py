@@ -75,18 +75,28 @@ def _reference(cfg, batch_list, k: int, alpha: float):
 
 
 @pytest.mark.slow
-def test_fr_easgd_in_the_trainers_actor_is_train_step_with_its_exchanges(cluster, monkeypatch):
+@pytest.mark.parametrize("shards", [1, 3])
+def test_fr_easgd_in_the_trainers_actor_is_train_step_with_its_exchanges(cluster, monkeypatch,
+                                                                        shards):
     """FR-EASGD with one trainer of one worker is deterministic whatever the timing: its
     worker's role, run in the trainer's actor with the replica there, is the single trainer's
-    `train_step` with an exchange with wPS (hosted in an actor of its own) after every k = 2
-    iterations (the reference by hand, not the backend); the driver takes and computes no
-    step; the syncs and their bytes are counted from the actor."""
+    `train_step` with an exchange with wPS (hosted in an actor of its own; with
+    ``--ray.dense_shards 3`` in three, each holding a block of it, `ray_dense.SyncShards`)
+    after every k = 2 iterations (the reference by hand, not the backend); the driver takes
+    and computes no step; the syncs and their bytes are counted from the actor."""
+    from algorithms.runtime import ray_dense, ray_placement
+
     _no_role_here(monkeypatch)
+    made, host_blocks = [], ray_placement.RayPlacement.host_blocks
+    monkeypatch.setattr(ray_placement.RayPlacement, "host_blocks",
+                        lambda self, *a, **k: made.append(host_blocks(self, *a, **k)) or made[-1])
     steps, k, alpha = 8, 2, 0.5
     cfg = on_ray(small_cfg("fr", steps=steps, dense=("adam", 0.01), sparse=("adagrad", 0.05),
                            trainers=1, workers_per_trainer=1, sync="easgd", alpha=alpha,
-                           sync_gap=k), roles="actors")
+                           sync_gap=k), roles="actors", dense_shards=shards)
     s = shadowsync.run(cfg)
+    if shards > 1:
+        assert isinstance(made[0], ray_dense.SyncShards) and len(made[0].servers) == 3
     want, _ = _reference(cfg, worker_batches(cfg, 0, 1, steps), k, alpha)
     got = s["final_state"]
     assert s["backend"] == "ray" and int(got.step) == steps and s["lost_roles"] == []
@@ -223,9 +233,10 @@ def test_shadow_trainers_in_their_actors_sync_in_the_background_and_resume_on_th
         cluster, monkeypatch, tmp_path, rule):
     """S-EASGD and S-BMUF, 2 trainers of 2 Hogwild workers, each trainer an actor with its
     workers and its shadow: every worker trains its share there, the shadows sync (counted;
-    BMUF's all-reduce among the shadows' actors through the hosted group), the model learns;
-    the checkpoint holds both replicas and wPS (or the shadows' BMUF states) as read from
-    their actors, and a ``--resume`` on threads goes on from them to the end.
+    BMUF's all-reduce among the shadows' actors through the hosted groups, 2 blocks), the
+    model learns; the checkpoint holds both replicas and wPS (read from its 2 block actors)
+    or the shadows' BMUF states as read from their actors, and a ``--resume`` on threads goes
+    on from them to the end.
 
     S-BMUF runs 96 steps. At 32 its few syncs, each crossing three processes (the two
     trainers' actors and the group's) while the workers go on, left the returned replica
@@ -239,7 +250,8 @@ def test_shadow_trainers_in_their_actors_sync_in_the_background_and_resume_on_th
                      trainers=2, workers_per_trainer=2, sync=rule, shadow_interval_ms=20,
                      **extra)
     out = tmp_path / "run"
-    cfg = on_ray(base, roles="actors")
+    # wPS and the shadows' all-reduce cut into 2 blocks: the checkpoint holds them joined
+    cfg = on_ray(base, roles="actors", dense_shards=2)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=str(out)))
     kept = _kept_rows(monkeypatch)
     s = shadowsync.run(cfg)

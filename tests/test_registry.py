@@ -35,8 +35,8 @@ HONOURED = {
     # (ray_roles.py); Persia's not yet
     "actor_roles": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", roles="actors"),
                     ("async", "shadow", "fr", "gba")),
-    # a dense server cut into blocks across actors: async's dense PS, ShadowSync's MA / BMUF
-    # all-reduce (the sync rules without one refuse in shadowsync.run: below)
+    # a dense server cut into blocks across actors: async's dense PS, ShadowSync's sync PS or
+    # all-reduce (--sync none, without one, refuses in shadowsync.run: below)
     "dense_blocks": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", dense_shards=2),
                      ("async", "shadow", "fr")),
 }
@@ -108,15 +108,14 @@ def test_help_names_every_algorithm():
     assert all(f"{n}: " in line for n in registry.NAMES)
 
 
-@pytest.mark.parametrize("rule", ["easgd", "none"])
-def test_shadowsync_cuts_only_an_all_reduce_into_blocks(rule):
-    """``--ray.dense_shards`` under ShadowSync cuts MA / BMUF's all-reduce
-    (tests/test_ray_shadow_roles.py); EASGD's one sync PS and no sync are refused, before Ray
+def test_shadowsync_without_a_sync_server_refuses_dense_shards():
+    """``--ray.dense_shards`` under ShadowSync cuts EASGD's sync PS or MA / BMUF's all-reduce
+    (tests/test_ray_shadow_roles.py); ``--sync none`` has neither and is refused before Ray
     starts, not run as if the flag were not there."""
     from algorithms import shadowsync
 
     cfg = _set(_set(_set(small_cfg("shadow", steps=2), "runtime", backend="ray"), "ray",
-                    dense_shards=2), "shadowsync", sync=rule)
+                    dense_shards=2), "shadowsync", sync="none")
     registry.check(cfg)  # the algorithm has the capability; the sync rule decides
-    with pytest.raises(ValueError, match=f"--ray.dense_shards 2 cuts .* with --sync {rule} "):
+    with pytest.raises(ValueError, match="--ray.dense_shards 2 cuts .* with --sync none "):
         shadowsync.run(cfg)

@@ -69,6 +69,13 @@ class Placement(Protocol):
         results stay references; `dense_grads`: the workers' dense gradients go to it;
         `near_roles`: in a process of its own only where the roles run in theirs."""
 
+    def host_blocks(self, cls: type, factory, params: Any, *args,
+                    near_roles: bool = False) -> Any:
+        """`host` for a server of the dense params whose methods take and return
+        params-shaped trees (S-EASGD's sync PS: exchange, snapshot, restore), which under
+        ``--ray.dense_shards D`` is cut into D servers, each of a block of whole leaves
+        (``ray_dense.SyncShards``)."""
+
     def beside(self, group: int, factory, *args, group_size: int = 1,
                name: str | None = None) -> Any:
         """An object ``factory(*args)`` the roles of worker group `group` share (a ShadowSync
@@ -160,6 +167,9 @@ class InProcess:
 
     def host(self, cls, factory, *args, dense_grads=False, near_roles=False, **proxy):
         return factory(*args)
+
+    def host_blocks(self, cls, factory, params, *args, near_roles=False):
+        return factory(params, *args)
 
     def dense_ps(self, params, opt_state):
         return ps_lib.DensePS(params, opt_state, self.rt.dense_apply)

@@ -1,4 +1,5 @@
-"""Async's dense PS sharded by parameter blocks across actors (``--ray.dense_shards D``).
+"""Async's dense PS (and S-EASGD's sync PS) sharded by parameter blocks across actors
+(``--ray.dense_shards D``).
 
 With the roles in the actors (``ray_roles.py``) every worker pulls the dense params and pushes
 its dense gradient once per step; one dense PS actor serves all of them one at a time per
@@ -41,15 +42,14 @@ def _shape(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-class DenseShards:
-    """`ps.DensePS`'s interface over the block servers `servers` (`ray_wire.Hosted` proxies of
-    `ps.DensePS`), block s holding the leaves `cut[s]` of params shaped as `params`, optimizer
-    state as `opt_state`; picklable, so a worker actor calls the servers itself."""
+class _Blocks:
+    """Block servers `servers` (`ray_wire.Hosted` proxies), block s holding the leaves
+    `cut[s]` of params shaped as `params`; picklable, so a worker actor calls them itself."""
 
-    def __init__(self, servers: list, cut: list[list[int]], params: Any, opt_state: Any):
+    def __init__(self, servers: list, cut: list[list[int]], params: Any):
         self.servers, self.cut = servers, cut
         self.pdef = jax.tree.structure(params)
-        self._params, self._opt = _shape(params), _shape(opt_state)
+        self._params = _shape(params)
 
     def _all(self, method: str, *per_block) -> list:
         """`method` on every block at once, waited for together; `per_block[k][s]`: block
@@ -59,12 +59,42 @@ class DenseShards:
                 for s, h in enumerate(self.servers)]
         return ray.get(refs)
 
+    def _cut(self, tree: Any) -> list:
+        return [pick(tree, self.pdef, b) for b in self.cut]
+
+
+class SyncShards(_Blocks):
+    """`ps.SyncPS`'s interface (S-EASGD's sync PS, ``wPS``) over block servers of it: an
+    exchange sends each block of ``w_i`` to its server at once and joins the new ``w_i``.
+    Alg. 1-2's exchange moves each entry of ``wPS`` and ``w_i`` by its own pair of values, so
+    each block's exchange is the whole one's for its leaves; the blocks take the exchanges in
+    their own arrival orders, as the parties of one all-reduce do not."""
+
+    def exchange(self, w_i: Any) -> Any:
+        return join(self._all("exchange", self._cut(w_i)), self._params, self.pdef)
+
+    def snapshot(self) -> Any:
+        return join(self._all("snapshot"), self._params, self.pdef)
+
+    def restore(self, w: Any) -> None:
+        self._all("restore", self._cut(w))
+
+
+class DenseShards(_Blocks):
+    """`ps.DensePS`'s interface over the block servers `servers` (`ray_wire.Hosted` proxies of
+    `ps.DensePS`), block s holding the leaves `cut[s]` of params shaped as `params`, optimizer
+    state as `opt_state`; picklable, so a worker actor calls the servers itself."""
+
+    def __init__(self, servers: list, cut: list[list[int]], params: Any, opt_state: Any):
+        super().__init__(servers, cut, params)
+        self._opt = _shape(opt_state)
+
     def pull(self) -> tuple[Any, tuple[int, ...]]:
         got = self._all("pull")
         return join([p for p, _ in got], self._params, self.pdef), tuple(v for _, v in got)
 
     def push(self, grads: Any, version: tuple[int, ...]) -> None:
-        self._all("push", [pick(grads, self.pdef, b) for b in self.cut], version)
+        self._all("push", self._cut(grads), version)
 
     def snapshot(self) -> tuple[Any, Any]:
         got = self._all("snapshot")
@@ -72,8 +102,7 @@ class DenseShards:
                 join([o for _, o in got], self._opt, self.pdef))
 
     def restore(self, params: Any, opt_state: Any) -> None:
-        self._all("restore", [pick(params, self.pdef, b) for b in self.cut],
-                  [pick(opt_state, self.pdef, b) for b in self.cut])
+        self._all("restore", self._cut(params), self._cut(opt_state))
 
     def _joined(self, name: str, like: Any) -> Any:
         """Attribute `name` of every block (read at once), joined like `like`."""

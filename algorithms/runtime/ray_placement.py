@@ -122,6 +122,26 @@ class RayPlacement:
                              pick(opt_state, pdef, b), cfg.dense) for b in cut]
         return ray_dense.DenseShards(servers, cut, params, opt_state)
 
+    def host_blocks(self, cls, factory, params, *args, near_roles=False):
+        """`host`, or with ``--ray.dense_shards D`` D servers ``factory(block, *args)``, each
+        of a block of whole leaves of `params`, behind one `ray_dense.SyncShards`."""
+        shards = self.rt.cfg.ray.dense_shards
+        if shards == 1:
+            return self.host(cls, factory, params, *args, near_roles=near_roles)
+        self._need_actors(shards, f"cuts {cls.__name__} into actors")
+        import jax
+
+        params = jax.device_get(params)
+        pdef, cut = jax.tree.structure(params), dense_blocks.blocks(params, shards)
+        servers = [self.host(cls, factory, pick(params, pdef, b), *args) for b in cut]
+        return ray_dense.SyncShards(servers, cut, params)
+
+    def _need_actors(self, shards, what):
+        if not self.in_actors:
+            raise ValueError(f"--ray.dense_shards {shards} {what} that the trainers' actors "
+                             "call: it needs the roles in the actors (--ray.roles actors or "
+                             "auto)")
+
     def run_role(self, fn, worker, *args, lost=None):
         if self.in_actors:
             return ray_role_driver.remote_role(fn, worker, *args, lost=lost)
@@ -154,10 +174,8 @@ class RayPlacement:
         each reducing one block of the parameters (`ray_wire.BlockGroup`); else in this
         process."""
         shards = self.rt.cfg.ray.dense_shards
-        if shards > 1 and not self.in_actors:
-            raise ValueError(f"--ray.dense_shards {shards} cuts the all-reduce into actors that "
-                             "the trainers' actors call: it needs the roles in the actors "
-                             "(--ray.roles actors or auto)")
+        if shards > 1:
+            self._need_actors(shards, "cuts the all-reduce into actors")
         if not self.in_actors:  # (the same groups, in this process)
             return ray_wire.Collectives(count, n, reduce, like).groups
         if shards == 1:
