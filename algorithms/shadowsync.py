@@ -114,11 +114,6 @@ def worker_role(rt: Runtime, worker: Worker, replica: Replica, syncer: Syncer | 
 
 def run(cfg: Config) -> dict:
     """``--algo shadow`` / ``--algo fr``: train, evaluate, return (and write) the summary."""
-    k = cfg.ray.dense_shards
-    if cfg.runtime.backend == "ray" and k > 1 and make_rule(cfg).name == "none":
-        raise ValueError(f"--ray.dense_shards {k} cuts ShadowSync's sync server (EASGD's wPS, "
-                         "MA / BMUF's all-reduce) into blocks; with --sync none there is no "
-                         "sync, so no server to cut: drop --ray.dense_shards")
     return intervals.run(cfg, cfg.runtime.hogwild_workers, interval)  # n x m worker roles
 
 

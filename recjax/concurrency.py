@@ -224,7 +224,8 @@ class ThreadGroup:
             raise self._error
 
     def wait(self, threads: Iterable[threading.Thread] | None = None,
-             timeout: float | None = None, on_poll: Callable[[], None] | None = None) -> bool:
+             timeout: float | None = None, on_poll: Callable[[], None] | None = None,
+             poll_s: float = _POLL_S) -> bool:
         """Block until `threads` (default: all) have ended, a thread failed, or `timeout` passed.
 
         Waits in short joins, so a KeyboardInterrupt reaches the calling (main) thread promptly.
@@ -233,6 +234,7 @@ class ThreadGroup:
           threads: the threads to wait for (e.g. only the workers, not background threads).
           timeout: seconds; None = no limit.
           on_poll: called every poll interval from the waiting thread (e.g. progress logging).
+          poll_s: the poll interval (a thread's end is seen at once; a failure, within it).
 
         Returns:
           True when the threads ended, False on timeout.
@@ -244,7 +246,7 @@ class ThreadGroup:
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
             self.raise_if_failed()
-            pending[0].join(_POLL_S)
+            pending[0].join(poll_s)
             pending = [t for t in pending if t.is_alive()]
             if on_poll is not None:
                 on_poll()

@@ -168,3 +168,22 @@ def test_synthetic_stream_is_the_same_for_any_number_of_workers():
         np.testing.assert_array_equal(a.ids, b.ids)
         np.testing.assert_array_equal(a.label, b.label)
         np.testing.assert_array_equal(a.dense, b.dense)
+
+
+@pytest.mark.parametrize("poll_s,most", [(0.05, None), (0.5, 5)])
+def test_a_thread_group_polls_at_the_interval_it_is_given(poll_s, most):
+    """`ThreadGroup.wait` calls `on_poll` once a `poll_s` while a thread runs (the host-async
+    engine's main thread; with the roles in Ray's actors it looks less often), and returns as
+    the thread ends, not at the next poll."""
+    from recjax.concurrency import ThreadGroup
+
+    group, polls = ThreadGroup("recjax-test-poll"), []
+    group.spawn(time.sleep, 2.0, name="sleeper")
+    t0 = time.monotonic()
+    assert group.wait(on_poll=lambda: polls.append(time.monotonic()), poll_s=poll_s)
+    took = time.monotonic() - t0
+    group.close()
+    if most is None:  # the default interval: many polls in 2 s (at least a quarter of them)
+        assert len(polls) >= 10, len(polls)
+    else:
+        assert 1 <= len(polls) <= most and took < 2.0 + poll_s, (len(polls), took)

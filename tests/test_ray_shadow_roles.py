@@ -367,3 +367,12 @@ def _descendants(name: str) -> list[int]:
         return False
 
     return [p for p, c in cmd.items() if c.startswith(name) and ours(p)]
+
+
+@pytest.mark.slow
+def test_dense_shards_without_a_sync_server_is_refused(cluster):
+    """``--ray.dense_shards`` under ``--sync none``: no sync PS, no all-reduce, so nothing to
+    cut into blocks; refused before a role runs, not trained as if the flag were not there."""
+    base = small_cfg("shadow", steps=8, trainers=2, workers_per_trainer=1, sync="none")
+    with pytest.raises(ValueError, match="--ray.dense_shards 2: this run has no dense server"):
+        shadowsync.run(on_ray(base, roles="actors", dense_shards=2))

@@ -106,16 +106,3 @@ def test_where_the_roles_run_under_ray():
 def test_help_names_every_algorithm():
     line = registry.help_line()
     assert all(f"{n}: " in line for n in registry.NAMES)
-
-
-def test_shadowsync_without_a_sync_server_refuses_dense_shards():
-    """``--ray.dense_shards`` under ShadowSync cuts EASGD's sync PS or MA / BMUF's all-reduce
-    (tests/test_ray_shadow_roles.py); ``--sync none`` has neither and is refused before Ray
-    starts, not run as if the flag were not there."""
-    from algorithms import shadowsync
-
-    cfg = _set(_set(_set(small_cfg("shadow", steps=2), "runtime", backend="ray"), "ray",
-                    dense_shards=2), "shadowsync", sync="none")
-    registry.check(cfg)  # the algorithm has the capability; the sync rule decides
-    with pytest.raises(ValueError, match="--ray.dense_shards 2 cuts .* with --sync none "):
-        shadowsync.run(cfg)

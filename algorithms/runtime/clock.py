@@ -306,10 +306,10 @@ def _signals_stop(stop: threading.Event):
             signal.signal(s, h)
 
 
-def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool = True,
-                 on_poll: Callable[[], None] | None = None, t0: float | None = None) -> Schedule:
-    """Run every role in its own thread of `group`; returns when the foreground roles ended,
-    with the seconds since `t0` (`time.perf_counter`; default now; the caller's record origin).
+def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool = True, on_poll:
+                 Callable[[], None] | None = None, t0: float | None = None, poll_s=0.05) -> Schedule:
+    """Run every role in its own thread of `group` (`on_poll` every `poll_s` s); returns when
+    the foreground roles ended, with the seconds since `t0` (`time.perf_counter`; default now).
 
     Raises:
       The first exception of any role (the group is stopped and joined first), or
@@ -321,7 +321,7 @@ def run_threaded(roles: list[RoleSpec], group: ThreadGroup, emulate_links: bool 
         try:  # a stop (a signal, a failed role) while the threads start: start no more
             started = [(group.spawn(_drive, r.role, group.stop, emulate_links, r.name, lost,
                                     name=r.name), r) for r in roles if not group.stop.is_set()]
-            group.wait([t for t, r in started if r.foreground], on_poll=on_poll)
+            group.wait([t for t, r in started if r.foreground], on_poll=on_poll, poll_s=poll_s)
             seconds = time.perf_counter() - t0
         finally:
             left = group.close()

@@ -314,7 +314,8 @@ class Runtime:
             self.report.bind(group.stop)
             roles = [dataclasses.replace(r, role=self.report.wrap(r.role)) for r in roles]
             sched = run_threaded(roles, group, self.cfg.runtime.emulate_links, on_poll,
-                                 t0=self.report.start())  # the records' origin is the run's
+                                 t0=self.report.start(),  # the records' origin is the run's
+                                 poll_s=place.poll_s)
             sched.seconds -= self.report.paused  # evals and records are not training time
             return sched
         except BaseException as e:  # Ctrl-C, or a PS process gone for good: a checkpoint

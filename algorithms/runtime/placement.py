@@ -47,6 +47,8 @@ class Placement(Protocol):
         here: gathered at the end; ``ray.final_tables``).
       step_poll_s: the least seconds between two reads of the run's step by the report's
         poll (``report.py``; the step may be a call to another process, e.g. GBA's PS0).
+      poll_s: how often the main thread looks at the running roles (a failed one, the
+        watchdog, the report's records and bar).
     """
 
     name: str
@@ -54,6 +56,7 @@ class Placement(Protocol):
     data_here: bool
     final_tables: bool
     step_poll_s: float
+    poll_s: float
     stop_saving: tuple[type[BaseException], ...]
 
     def make_ps(self, layout, sparse_opt, tables: dict, slots: dict,
@@ -157,6 +160,7 @@ class InProcess:
     tables_here = data_here = final_tables = True
     stop_saving = (KeyboardInterrupt,)
     step_poll_s = 0.0  # every poll: the step is read here
+    poll_s = 0.05  # the roles' steps are seen as they come
 
     def __init__(self, rt: Runtime, name: str):
         self.rt, self.name = rt, name

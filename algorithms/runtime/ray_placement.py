@@ -57,10 +57,15 @@ class RayPlacement:
         # GBA's step is a read of PS0's actor: one a chunk, not one a 50 ms poll (its CPU in
         # the driver was 4-9 ms a second); the actors' counters change per chunk anyway
         self.step_poll_s = rt.cfg.ray.chunk_s
+        # with the roles in the actors nothing the driver reads changes within a chunk: the
+        # main thread's 50 ms poll cost ~1 ms of its CPU per worker step at 1 slow worker
+        # (docs/performance.md); it looks 4 times a chunk, at most every 0.2 s
+        self.poll_s = min(0.2, rt.cfg.ray.chunk_s / 4) if self.in_actors else 0.05
         self.data_here = not self.in_actors
         if self.in_actors:
             self.groups.body = ray_roles.RoleServer
         self.dense_on_actor = False
+        self.cut = False  # this interval cut a dense server into blocks (--ray.dense_shards)
         # the actors of the shared servers (`host`) of this interval, and of those before it,
         # whose processes the next interval's servers are built in: class -> handles
         self.hosted: list = []
@@ -117,7 +122,7 @@ class RayPlacement:
                              "part of a gradient, and dense.clip_norm clips by the norm of the "
                              "whole gradient; drop one of them")
         pdef = jax.tree.structure(params)
-        cut = dense_blocks.blocks(params, shards)
+        cut, self.cut = dense_blocks.blocks(params, shards), True
         servers = [self.host(ps_lib.DensePS, ray_dense.dense_ps, pick(params, pdef, b),
                              pick(opt_state, pdef, b), cfg.dense) for b in cut]
         return ray_dense.DenseShards(servers, cut, params, opt_state)
@@ -134,6 +139,7 @@ class RayPlacement:
         params = jax.device_get(params)
         pdef, cut = jax.tree.structure(params), dense_blocks.blocks(params, shards)
         servers = [self.host(cls, factory, pick(params, pdef, b), *args) for b in cut]
+        self.cut = True
         return ray_dense.SyncShards(servers, cut, params)
 
     def _need_actors(self, shards, what):
@@ -186,7 +192,7 @@ class RayPlacement:
 
         like = jax.device_get(like)
         pdef = jax.tree.structure(like)
-        cut = dense_blocks.blocks(like, shards)
+        cut, self.cut = dense_blocks.blocks(like, shards), True
         hosts = [self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce,
                            pick(like, pdef, b)) for b in cut]
         return [ray_wire.BlockGroup([h._handle for h in hosts], k, n, cut, pdef)
@@ -208,7 +214,17 @@ class RayPlacement:
         return self._fns[key]
 
     def warm(self, params, batch, shares=True):
-        """Compile the groups' functions and (roles in the actors) open their data."""
+        """Compile the groups' functions and (roles in the actors) open their data.
+
+        Raises:
+          ValueError: ``--ray.dense_shards`` > 1 where the run made no dense server to cut
+            (the registry refuses the algorithms without one; ShadowSync's ``--sync none``
+            is found here)."""
+        shards = self.rt.cfg.ray.dense_shards
+        if shards > 1 and not self.cut:
+            raise ValueError(f"--ray.dense_shards {shards}: this run has no dense server to "
+                             "cut into blocks (ShadowSync with --sync none syncs nothing); "
+                             "drop --ray.dense_shards")
         # (a group keeps the shares of its workers: one worker's, a ShadowSync trainer's m)
         keep, w, members = ray_role_driver.keep, self.rt.num_workers, self.groups.members
         opening = [h.prepare.remote(*keep(shares, members.get(g, ()), w))
@@ -254,6 +270,7 @@ class RayPlacement:
     def end_interval(self):
         """The interval's shared servers are done: their actors wait, still watched, for the
         next interval's servers (`host` builds them there)."""
+        self.cut = False
         for cls, handle in self.hosted:
             self.spare.setdefault(cls, []).append(handle)
         self.hosted = []
