@@ -67,8 +67,9 @@ class SyncShards(_Blocks):
     """`ps.SyncPS`'s interface (S-EASGD's sync PS, ``wPS``) over block servers of it: an
     exchange sends each block of ``w_i`` to its server at once and joins the new ``w_i``.
     Alg. 1-2's exchange moves each entry of ``wPS`` and ``w_i`` by its own pair of values, so
-    each block's exchange is the whole one's for its leaves; the blocks take the exchanges in
-    their own arrival orders, as the parties of one all-reduce do not."""
+    each block's exchange is the whole one's for its leaves. Each block takes the exchanges in
+    its own arrival order (as Downpour's PS shards take pushes): two trainers' exchanges may
+    reach two blocks in different orders, where one server makes them one sequence."""
 
     def exchange(self, w_i: Any) -> Any:
         return join(self._all("exchange", self._cut(w_i)), self._params, self.pdef)
