@@ -174,6 +174,25 @@ class _Checkpoints:
                                    tc.keep_ckpts, unverified=tc.unverified_resume)
 
 
+def run_rows_read(mine: dict) -> dict:
+    """A multi-process run's ``data_rows_read`` (`recjax.train.data.rows_read`): each process
+    reads its own block of every batch, so the run's reads are the processes' added up
+    (``train``, ``eval``), with each process's beside them (``by_process``, in process order).
+    A collective: every process calls it."""
+    from jax.experimental import multihost_utils
+
+    keys, unit = ("train", "eval"), 1 << 30  # counts as int32 pairs (JAX without x64)
+    have = np.array([part for k in keys for part in (
+        (-1, 0) if mine.get(k) is None else divmod(int(mine[k]), unit))], np.int32)
+    every = np.asarray(multihost_utils.process_allgather(have)).astype(np.int64)
+    counts = every[:, 0::2] * unit + every[:, 1::2]  # [processes, keys]; < 0: not counted
+    out = {k: None if (counts[:, i] < 0).any() else int(counts[:, i].sum())
+           for i, k in enumerate(keys)}
+    out["by_process"] = [{k: None if v < 0 else int(v) for k, v in zip(keys, row)}
+                         for row in counts]
+    return out
+
+
 def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
     """Set up devices, check the config, train with the shared trainer, write the outputs.
 
@@ -216,6 +235,8 @@ def run_spmd(cfg: Config, setup_cls, strategy_cls) -> dict:
         agree = agree_any
     summary = loop.run(inner, make_strategy, checkpoints=checkpoints, agree=agree)
     state = summary.pop("final_state", None)
+    if multi and "data_rows_read" in summary:  # (every process is here: it gathers)
+        summary["data_rows_read"] = run_rows_read(summary["data_rows_read"])
     out = tc.out
     if cfg.spmd.save_state and state is not None:
         host = made[0].unshard(state)
