@@ -121,8 +121,7 @@ class RayPlacement:
             raise ValueError(f"--ray.dense_shards {shards}: each block's PS applies its own "
                              "part of a gradient, and dense.clip_norm clips by the norm of the "
                              "whole gradient; drop one of them")
-        pdef = jax.tree.structure(params)
-        cut, self.cut = dense_blocks.blocks(params, shards), True
+        params, pdef, cut = self._blocks(params, shards)
         servers = [self.host(ps_lib.DensePS, ray_dense.dense_ps, pick(params, pdef, b),
                              pick(opt_state, pdef, b), cfg.dense) for b in cut]
         return ray_dense.DenseShards(servers, cut, params, opt_state)
@@ -134,13 +133,18 @@ class RayPlacement:
         if shards == 1:
             return self.host(cls, factory, params, *args, near_roles=near_roles)
         self._need_actors(shards, f"cuts {cls.__name__} into actors")
+        params, pdef, cut = self._blocks(params, shards)
+        servers = [self.host(cls, factory, pick(params, pdef, b), *args) for b in cut]
+        return ray_dense.SyncShards(servers, cut, params)
+
+    def _blocks(self, params, shards):
+        """``(params on the host, their structure, the leaves of each of `shards` blocks)``:
+        this interval cuts a dense server (`dense_blocks.blocks`)."""
         import jax
 
         params = jax.device_get(params)
-        pdef, cut = jax.tree.structure(params), dense_blocks.blocks(params, shards)
-        servers = [self.host(cls, factory, pick(params, pdef, b), *args) for b in cut]
         self.cut = True
-        return ray_dense.SyncShards(servers, cut, params)
+        return params, jax.tree.structure(params), dense_blocks.blocks(params, shards)
 
     def _need_actors(self, shards, what):
         if not self.in_actors:
@@ -188,11 +192,7 @@ class RayPlacement:
             hosted = self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce,
                                like)
             return [ray_wire.RemoteGroup(hosted._handle, k, n) for k in range(count)]
-        import jax
-
-        like = jax.device_get(like)
-        pdef = jax.tree.structure(like)
-        cut, self.cut = dense_blocks.blocks(like, shards), True
+        like, pdef, cut = self._blocks(like, shards)
         hosts = [self.host(ray_wire.Collectives, ray_wire.Collectives, count, n, reduce,
                            pick(like, pdef, b)) for b in cut]
         return [ray_wire.BlockGroup([h._handle for h in hosts], k, n, cut, pdef)

@@ -312,6 +312,17 @@ class Collectives:
         self.groups[k].close()
 
 
+def _joined(refs: list, stop: threading.Event, poll_s: float) -> list | None:
+    """The ``(closed, result)`` of each `Collectives.join` call of `refs` once all are in,
+    looking at the role's `stop` every `poll_s` s; None when it stops first."""
+    ray = _ray()
+    while not stop.is_set():
+        if len(ray.wait(refs, num_returns=len(refs), timeout=poll_s)[0]) == len(refs):
+            with state_lost("Collectives"):
+                return ray.get(refs)
+    return None
+
+
 class RemoteGroup:
     """Group `k` of a hosted `Collectives`, as a role in a worker actor joins it (a
     ``clock.Collective``'s group: ``n``, ``join(index, value, stop)``, ``close()``) and as the
@@ -326,14 +337,9 @@ class RemoteGroup:
         self.handle, self.k, self.n = handle, k, n
 
     def join(self, index: int, value, stop: threading.Event):
-        ray = _ray()
         ref = self.handle.call.remote("join", self.k, index, jax.device_get(value))
-        while not stop.is_set():
-            if ray.wait([ref], timeout=self.poll_s)[0]:
-                with state_lost("Collectives"):
-                    closed, out = ray.get(ref)
-                return CLOSED if closed else out
-        return CLOSED
+        outs = _joined([ref], stop, self.poll_s)
+        return CLOSED if outs is None or outs[0][0] else outs[0][1]
 
     def close(self) -> None:
         """Release the group's waiting parties (idempotent). Where the host died the group is
@@ -360,18 +366,13 @@ class BlockGroup:
         self.k, self.n, self.cut, self.pdef = k, n, cut, pdef
 
     def join(self, index: int, value, stop: threading.Event):
-        ray = _ray()
         value = jax.device_get(value)
         refs = [g.handle.call.remote("join", self.k, index, pick(value, self.pdef, b))
                 for g, b in zip(self.parts, self.cut)]
-        while not stop.is_set():
-            if len(ray.wait(refs, num_returns=len(refs), timeout=self.poll_s)[0]) == len(refs):
-                with state_lost("Collectives"):
-                    outs = ray.get(refs)
-                if any(closed for closed, _ in outs):
-                    return CLOSED
-                return join_blocks([out for _, out in outs], value, self.pdef)
-        return CLOSED
+        outs = _joined(refs, stop, self.poll_s)
+        if outs is None or any(closed for closed, _ in outs):
+            return CLOSED
+        return join_blocks([out for _, out in outs], value, self.pdef)
 
     def close(self) -> None:
         for g in self.parts:

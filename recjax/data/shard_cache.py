@@ -42,7 +42,6 @@ class ShardCache:
                              f"such), got {worker}")
         self.source, self.num_workers, self.max_rows = source, num_workers, max_rows
         self.members = members  # the workers whose examples are kept
-        self.worker = members[0] if len(members) == 1 else members
         self._whole = len(members) == num_workers
         self.name, self.spec = source.name, source.spec
         self._sizes: list[int] | None = None  # the pass's chunk sizes
