@@ -201,9 +201,10 @@ class RayConfig:
         and talks to the PS actors itself (the dense PS is an actor too); the driver only
         starts them, hands out steps in chunks and watches (issue 38). ``driver``: the roles
         run in the driver's threads and each step is one call from there.
-        ``auto``: ``actors`` for the algorithms whose roles run there (async, GBA, ShadowSync
-        and its FR baselines; not for an in-memory source of the driver's), ``driver`` for
-        the others (Persia). Algorithms not ported refuse ``actors`` with the reason.
+        ``auto``: ``actors`` for the algorithms whose roles run there (every host-async one:
+        async, GBA, ShadowSync and its FR baselines, Persia, whose embedding workers are
+        actors of their own), not for an in-memory source of the driver's; an algorithm not
+        ported would refuse ``actors`` with the reason (recjax/registry.py).
       dense_shards: with the roles in the actors, the dense server cut into this many actors,
         each holding (or reducing) a block of whole parameter arrays: async's dense PS
         (Downpour's sharded PS, Dean et al. 2012 Sec. 4.1; algorithms/runtime/ray_dense.py;

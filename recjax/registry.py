@@ -82,7 +82,8 @@ ALGORITHMS: tuple[Algorithm, ...] = (
               "ShadowSync's foreground baselines FR-EASGD / MA / BMUF"),
     Algorithm("gba", HOST_ASYNC, "algorithms.gba:run", (*_ENGINE, "gba"), _ASYNC | {"actor_roles"},
               "GBA: global-batch gradient aggregation and its baselines (Su et al., NeurIPS 2022)"),
-    Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"), _ASYNC,
+    Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"),
+              _ASYNC | {"actor_roles"},
               "Persia: hybrid sync dense / async embeddings (Lian et al., KDD 2022)"),
     Algorithm("diloco", SPMD, "algorithms.diloco:run", ("spmd", "diloco"),
               frozenset({"in_loop_eval"}),
@@ -148,8 +149,8 @@ RULES: tuple[Rule, ...] = (
     Rule("--ray.dense_shards", "dense_blocks",
          lambda c: c.runtime.backend == "ray" and c.ray.dense_shards > 1,
          "keeps its dense state in one place (GBA's PS0: Alg. 2's update is one event over the "
-         "whole buffer; Persia: the NN workers' all-reduce in the driver): drop "
-         "--ray.dense_shards"),
+         "whole buffer; Persia: the NN workers' all-reduce applies one optimizer step to the "
+         "one dense replica, with its failure snapshots): drop --ray.dense_shards"),
     Rule("embed.dims", "table_dims", lambda c: bool(c.embed.dims),
          "has sharded lookups that assume one width per group: drop embed.dims"),
 )

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from algorithms import persia
+from algorithms import persia, persia_roles
 from recjax.train import loop
 from tests.runtime_util import small_cfg
 
@@ -200,7 +200,7 @@ def test_an_nn_straggler_sleeps_for_its_timed_forward_backward(monkeypatch):
         seen.append((sys._getframe(1).f_code.co_name, work))
         return work
 
-    monkeypatch.setattr(persia, "Work", spy)
+    monkeypatch.setattr(persia_roles, "Work", spy)
     cfg = _cfg(steps=8, nn_workers=2, embedding_workers=1, staleness=2,
                train={"deterministic": False})
     cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(

@@ -31,10 +31,9 @@ HONOURED = {
     "ray": (lambda c: _set(c, "runtime", backend="ray"), ASYNC),
     "virtual": (lambda c: _set(c, "runtime", backend="virtual"), ASYNC),
     "dims": (lambda c: _set(c, "embed", dims="C1:4"), ("single",)),
-    # the roles of async PS, GBA and ShadowSync (EASGD, none) run in their Ray worker actors
-    # (ray_roles.py); Persia's not yet
+    # every host-async algorithm's roles run in their Ray worker actors (ray_roles.py)
     "actor_roles": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", roles="actors"),
-                    ("async", "shadow", "fr", "gba")),
+                    ASYNC),
     # a dense server cut into blocks across actors: async's dense PS, ShadowSync's sync PS or
     # all-reduce (--sync none, without one, refuses in shadowsync.run: below)
     "dense_blocks": (lambda c: _set(_set(c, "runtime", backend="ray"), "ray", dense_shards=2),
@@ -92,10 +91,9 @@ def test_where_the_roles_run_under_ray():
         cfg = small_cfg(algo)
         return registry.roles_in_actors(_set(cfg, "ray", roles=roles))
 
-    for a in ("async", "gba", "shadow", "fr"):
+    for a in ("async", "gba", "shadow", "fr", "persia"):
         assert where(a, "auto") and where(a, "actors") and not where(a, "driver")
-    assert not any(where(a, "auto") or where(a, "driver") for a in ASYNC
-                   if a not in ("async", "gba", "shadow", "fr"))
+    assert set(registry.names(supports="actor_roles")) == set(ASYNC)
     for a in ("shadow", "fr"):  # every sync rule: MA / BMUF's groups hosted (ray_wire)
         for rule in ("easgd", "ma", "bmuf", "none"):
             cfg = _set(_set(small_cfg(a), "shadowsync", sync=rule), "ray", roles="auto")

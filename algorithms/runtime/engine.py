@@ -217,8 +217,8 @@ class Runtime:
         With ``localize=False`` the entries are the batches as read (Persia's embedding workers
         localize the ids they receive themselves). Where the workers read their own data (the
         roles in the Ray actors), the list is its indices only, from `index` (a shared server
-        with `supply.EntryIndex`'s ``next_entry``: GBA's PS0), and each worker reads the
-        entries it gets.
+        with `supply.EntryIndex`'s ``next_entry``: GBA's PS0, Persia's pipeline), and each
+        worker reads the entries it gets.
 
         Raises:
           ValueError: the workers read their own data and no `index` serves them.
@@ -227,8 +227,8 @@ class Runtime:
             if index is None:
                 raise ValueError("the workers read their own data here (their roles run in "
                                  "their Ray actors): the data list needs a shared server that "
-                                 "hands out its indices (index=, GBA's PS0)")
-            return ListOfIndices(index, m)
+                                 "hands out its indices (index=, e.g. GBA's PS0)")
+            return ListOfIndices(index, m, localize)
         return self.feed.shared_list(m, self.start_step, self.total_steps,
                                      self.localize if localize else None)
 

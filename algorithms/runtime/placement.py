@@ -93,9 +93,11 @@ class Placement(Protocol):
         hosted in an actor of their own (``ray_wire.RemoteGroup``); `like`: a party's value,
         the `reduce` compiled on it where it runs."""
 
-    def companion(self, group: int, counters, group_size: int = 1) -> Any:
+    def companion(self, group: int, counters, group_size: int = 1, worker=None) -> Any:
         """What `run_role` takes for a role without batches beside group `group`'s workers
-        (ShadowSync's shadow): an object whose ``counters`` are `counters`."""
+        (ShadowSync's shadow; Persia's embedding backward role, which reaches the PS through
+        the group's `worker`): an object whose ``counters`` are `counters` (`worker` itself,
+        if given, where the role runs here)."""
 
     def dense_ps(self, params: Any, opt_state: Any) -> Any:
         """The async dense PS (`ps.DensePS`'s interface): in this process, or hosted in an
@@ -107,13 +109,31 @@ class Placement(Protocol):
         actor (``ray_role_driver.remote_role``), which calls ``lost(wid)`` if that actor's process
         dies (where the role runs here, it sees the death itself: `clock.WorkerLost`)."""
 
-    def worker(self, wid: int, supply, group: int | None = None, group_size: int = 1) -> Worker:
-        """Worker `wid` (`worker.Worker`'s interface) taking batches from `supply`; `group`:
-        the workers that share a process (ShadowSync's trainers, `group_size` of them)."""
+    def worker(self, wid: int, supply, group: int | None = None, group_size: int = 1,
+               compute: bool = True) -> Worker:
+        """Worker `wid` (`worker.Worker`'s interface) taking batches from `supply` (None: a
+        role that takes none, Persia's NN workers); `group`: the workers that share a process
+        (ShadowSync's trainers, `group_size` of them); ``compute=False``: a role that takes
+        batches and reaches the embedding PS (``pull``, ``push_rows``) but computes no
+        gradient of its own (Persia's embedding workers): no compute process of its own
+        where its role runs here."""
 
     def remote_fn(self, group: int, name: str, factory, *args) -> LocalFn:
         """``jax.jit(factory(ctx, *args))`` run in worker group `group`'s compute, called as
-        `worker.LocalFn` is (``fn(*args)``, ``fn.timed(*args)``)."""
+        `worker.LocalFn` is (``fn(*args)``, ``fn.timed(*args)``); handed to a role run in
+        that group's process, the function there."""
+
+    def role_fn(self, group: int, name: str, factory, *args) -> LocalFn:
+        """`remote_fn` for a function a role of group `group` calls where the role runs:
+        jitted here where the roles run here, in the group's process where they run there
+        (Persia's embedding workers' lookup and row gradients)."""
+
+    def parties(self, server: Any, count: int, n: int) -> list:
+        """The `count` all-reduce groups of `n` parties of a server made by `host` with
+        `collectives.Collectives`' calls (``groups``, ``join(k, index, value)``,
+        ``close(k)``; Persia's `DenseGroup`), as a party's role joins them: the server's own
+        ``groups``, or where it is hosted in an actor, groups joined through it
+        (``ray_wire.RemoteGroup``)."""
 
     def warm(self, params: Any, batch: tuple, shares: bool = True) -> None:
         """Compile the workers' compute on `batch` (localized, rows) before the clock runs;
@@ -181,7 +201,7 @@ class InProcess:
     def run_role(self, fn, worker, *args, lost=None):
         return fn(self.rt, worker, *args)
 
-    def worker(self, wid, supply, group=None, group_size=1):
+    def worker(self, wid, supply, group=None, group_size=1, compute=True):
         return Worker(self.rt, wid, supply)
 
     def remote_fn(self, group, name, factory, *args):
@@ -190,14 +210,19 @@ class InProcess:
             self._fns[key] = LocalFn(jax.jit(factory(self.rt, *args)))
         return self._fns[key]
 
+    role_fn = remote_fn
+
+    def parties(self, server, count, n):
+        return server.groups
+
     def beside(self, group, factory, *args, group_size=1, name=None):
         return factory(*args)
 
     def rendezvous(self, count, n, reduce, like=None):
         return rendezvous_here(count, n, reduce, like)
 
-    def companion(self, group, counters, group_size=1):
-        return types.SimpleNamespace(counters=counters)
+    def companion(self, group, counters, group_size=1, worker=None):
+        return here_companion(counters, worker)
 
     def warm(self, params, batch, shares=True):
         pass  # the engine compiled this process's functions while it set up
@@ -233,6 +258,11 @@ def rendezvous_here(count: int, n: int, reduce, like=None) -> list:
     if like is not None:
         jax.block_until_ready(reduce([like] * n))
     return [Rendezvous(n, reduce) for _ in range(count)]
+
+
+def here_companion(counters, worker=None) -> Any:
+    """`Placement.companion` where the role runs in this process."""
+    return worker if worker is not None else types.SimpleNamespace(counters=counters)
 
 
 def settle(cfg: Config) -> Config:

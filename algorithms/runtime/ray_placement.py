@@ -11,8 +11,9 @@ hold the state, the run checkpoints it; `segments.StateLost`: it does not).
 
 from __future__ import annotations
 
-import types
 from typing import Any
+
+import jax
 
 from algorithms.runtime import (
     dense_blocks,
@@ -26,6 +27,7 @@ from algorithms.runtime import (
     ray_wire,
     ray_workers,
 )
+from algorithms.runtime import placement as placement_lib
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.dense_blocks import pick
 from algorithms.runtime.segments import StateLost, with_latest
@@ -157,13 +159,17 @@ class RayPlacement:
             return ray_role_driver.remote_role(fn, worker, *args, lost=lost)
         return fn(self.rt, worker, *args)
 
-    def worker(self, wid, supply, group=None, group_size=1):
+    def worker(self, wid, supply, group=None, group_size=1, compute=True):
         """A `ray_workers.RayWorker` whose compute runs in group `group`'s actor (default: a
         process of its own; a group of `group_size` workers gets as many XLA threads), or
-        with the roles in the actors the driver's `ray_role_driver.ActorWorker` of it."""
+        with the roles in the actors the driver's `ray_role_driver.ActorWorker` of it;
+        without `compute`, with the roles here, the in-process `worker.Worker` (no
+        process of its own: the PS is reached through the shards' proxies)."""
         group = wid if group is None else group
         if self.in_actors:
             return ray_role_driver.ActorWorker(self.rt, wid, supply, group, group_size)
+        if not compute:
+            return placement_lib.Worker(self.rt, wid, supply)
         return ray_workers.RayWorker(self.rt, wid, supply, group, group_size)
 
     def beside(self, group, factory, *args, group_size=1, name=None):
@@ -198,12 +204,13 @@ class RayPlacement:
         return [ray_wire.BlockGroup([h._handle for h in hosts], k, n, cut, pdef)
                 for k in range(count)]
 
-    def companion(self, group, counters, group_size=1):
-        """A role without batches beside group `group`'s workers (ShadowSync's shadow): with
-        the roles in the actors, the driver's side of it run in that group's actor
-        (`ray_role_driver.ActorWorker`, its counters `counters`)."""
+    def companion(self, group, counters, group_size=1, worker=None):
+        """A role without batches beside group `group`'s workers (ShadowSync's shadow,
+        Persia's embedding backward role): with the roles in the actors, the driver's side
+        of it run in that group's actor (`ray_role_driver.ActorWorker`, its counters
+        `counters`)."""
         if not self.in_actors:
-            return types.SimpleNamespace(counters=counters)
+            return placement_lib.here_companion(counters, worker)
         return ray_role_driver.ActorWorker(self.rt, f"companion-{group}", None, group,
                                            group_size, counters)
 
@@ -212,6 +219,23 @@ class RayPlacement:
         if key not in self._fns:
             self._fns[key] = ray_workers.RemoteFn(self.groups, group, name, factory, args)
         return self._fns[key]
+
+    def role_fn(self, group, name, factory, *args):
+        """In group `group`'s actor where the roles run there (handed to the role, the
+        function itself: `ray_workers.RemoteFn`), else jitted here, where the role runs."""
+        if self.in_actors:
+            return self.remote_fn(group, name, factory, *args)
+        key = (None, name, args)
+        if key not in self._fns:
+            self._fns[key] = placement_lib.LocalFn(jax.jit(factory(self.rt, *args)))
+        return self._fns[key]
+
+    def parties(self, server, count, n):
+        """`server`'s own groups, or (hosted: `host`) joined in its actor through
+        `ray_wire.RemoteGroup`."""
+        if isinstance(server, ray_wire.Hosted):
+            return [ray_wire.RemoteGroup(server._handle, k, n) for k in range(count)]
+        return server.groups
 
     def warm(self, params, batch, shares=True):
         """Compile the groups' functions and (roles in the actors) open their data.
@@ -227,8 +251,10 @@ class RayPlacement:
                              "drop --ray.dense_shards")
         # (a group keeps the shares of its workers: one worker's, a ShadowSync trainer's m)
         keep, w, members = ray_role_driver.keep, self.rt.num_workers, self.groups.members
-        opening = [h.prepare.remote(*keep(shares, members.get(g, ()), w))
-                   for g, h in self.groups.handles.items()] if self.in_actors else []
+        # (a group whose roles take no batches opens none: Persia's NN workers)
+        opening = [h.prepare.remote(*keep(shares, members[g], w))
+                   for g, h in self.groups.handles.items() if g in members
+                   ] if self.in_actors else []
         self.groups.warm_all(params, batch)
         ray_backend._ray().get(opening)
 

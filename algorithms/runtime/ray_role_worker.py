@@ -36,8 +36,8 @@ def _here(key: str):
 class GroupLocal:
     """A proxy of an object living in a worker group's actor beside its roles (see the
     module docstring): handed to a role in that actor it is the object itself; read here, each
-    attribute is a call to the actor, and set here, likewise. The actor's death loses the
-    object, which is the run's state: `segments.StateLost`."""
+    attribute is a call to the actor (a method's call, too), and set here, likewise. The
+    actor's death loses the object, which is the run's state: `segments.StateLost`."""
 
     def __init__(self, handle, key: str, cls: type):
         self.__dict__.update(_handle=handle, _key=key, _cls=cls)
@@ -48,8 +48,14 @@ class GroupLocal:
     def __getattr__(self, name: str):
         if name.startswith("__"):  # copy, pickle: not the object's
             raise AttributeError(name)
+        if callable(getattr(self._cls, name, None)):  # a method: called there
+            return lambda *args: self._call(name, args)
         with self._lost():
             return _ray().get(self._handle.local_attr.remote(self._key, name))
+
+    def _call(self, name: str, args: tuple):
+        with self._lost():
+            return _ray().get(self._handle.local_call.remote(self._key, name, *args))
 
     def __setattr__(self, name: str, value) -> None:
         with self._lost():
@@ -77,9 +83,10 @@ class Delta:
 
 def counters() -> types.SimpleNamespace:
     """A role's counters in its actor (the role or its worker counts; `RoleServer.advance`
-    hands the driver what they grew by): iterations, and a ShadowSync syncer's syncs and
-    bytes."""
-    return types.SimpleNamespace(iterations=0, syncs=0, sync_bytes=0)
+    hands the driver what they grew by): iterations, a ShadowSync syncer's syncs and bytes,
+    and the metrics and indices of the steps a role records itself (Persia's NN workers; a
+    worker's `compute` records its own in the chunk's `Delta`)."""
+    return types.SimpleNamespace(iterations=0, syncs=0, sync_bytes=0, metrics=[], indices=[])
 
 
 class RoleWorker:
@@ -157,6 +164,30 @@ class RoleWorker:
             for s in wires:
                 d["pushes"][s] += 1
         self.counters.iterations += 1
+
+    # -- the embedding PS, reached by the role itself (Persia's embedding workers) ----------
+    def pull(self, rows) -> dict:
+        """`ps.EmbeddingPS.pull`: the mini tables of `rows`, from the shards' actors."""
+        parts = self._parts(rows)
+        pulled = self._each(lambda s: ("pull_rows", wire_rows(parts[s]), True), parts)
+        out = {}
+        for s in sorted(parts):
+            out.update(unpack_rows(pulled[s], parts[s]))
+        return out
+
+    def push_rows(self, rows, grads: dict) -> None:
+        """`ps.EmbeddingPS.push`: ``grads[name] = (local ids, row grads)`` to each shard."""
+        parts = self._parts(rows)
+        self._each(lambda s: ("push", parts[s], {k: grads[k] for k in parts[s]}), parts)
+        with self.slot.delta.lock:  # (the driver's snapshots of the shards count them)
+            for s in parts:
+                self.slot.delta.d["pushes"][s] += 1
+
+    def shard_bytes(self, rows) -> list[int]:
+        return shard_bytes(rows, self.placement, self.dims, len(self.names))
+
+    def _parts(self, rows) -> dict:
+        return {s: {k: rows[k] for k in names} for s, names in enumerate(self.names) if names}
 
     # -- the shards --------------------------------------------------------------------------
     def _each(self, request, shards) -> dict:

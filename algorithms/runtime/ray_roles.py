@@ -181,8 +181,10 @@ class RoleServer(ComputeServer):
         in this process (``(0, 1)``: all of it), on the batches of its `supply` (the
         driver's supply's `actor_spec`): ``("shards", workers, skip, quota)``, the batches
         ``skip ..`` of its shard, ``quota`` among all workers (`supply.StaticShards`); or
-        ``("list", index, m)``, GBA's list (`supply.EntryReader`), the entries' indices from
-        `index`. No `supply`: a role without batches (its `worker` has counters only)."""
+        ``("list", index, m, local)``, GBA's list (`supply.EntryReader`), the entries' indices from
+        `index`, with ``m`` entries per step, localized if ``local`` (Persia's embedding
+        workers localize the ids they receive themselves). No `supply`: a role without
+        batches (its `worker` reaches the PS, and never takes a batch)."""
         from algorithms.runtime.ps import localize
         from algorithms.runtime.supply import StaticShards
 
@@ -201,11 +203,14 @@ class RoleServer(ComputeServer):
                 slot.supply = StaticShards(f.data, self.batch_size, tc.seed, f.shuffle,
                                            spec[0], skip, quota, lambda b: localize(layout, b),
                                            f.depth)
-            else:
-                slot.supply = f.entries(*spec, lambda b: localize(layout, b))
-            draws = stragglers_lib.parse(self.cfg.runtime.stragglers, workers, tc.seed)
-            slot.worker = RoleWorker(self, slot, key, slot.supply, shards, draws,
-                                     self.cfg.runtime.example_cost_us * 1e-6, dims)
+            else:  # (index, m, whether the entries come localized)
+                index, m, local = spec
+                slot.supply = f.entries(index, m, (lambda b: localize(layout, b)) if local
+                                        else (lambda b: b))
+        # (a role without batches may still reach the PS: Persia's embedding backward role)
+        draws = stragglers_lib.parse(self.cfg.runtime.stragglers, workers, self.cfg.train.seed)
+        slot.worker = RoleWorker(self, slot, key, slot.supply, shards, draws,
+                                 self.cfg.runtime.example_cost_us * 1e-6, dims)
         role = fn(rt, slot.worker, *args)
         name = f"recjax-role-w{key}" if isinstance(key, int) else f"recjax-role-{key}"
         slot.thread = threading.Thread(target=self._drive, args=(role, slot, supply is None),
@@ -255,6 +260,9 @@ class RoleServer(ComputeServer):
 
     def local_attr(self, key: str, name: str):
         return jax.device_get(getattr(LOCALS[key], name))
+
+    def local_call(self, key: str, name: str, *args):
+        return jax.device_get(getattr(LOCALS[key], name)(*args))
 
     def local_set(self, key: str, name: str, value) -> None:
         setattr(LOCALS[key], name, value)
@@ -328,6 +336,10 @@ class RoleServer(ComputeServer):
         for k in ("iterations", "syncs", "sync_bytes"):  # (counted by the worker or the role)
             out[k] = getattr(now, k) - getattr(was, k)
             setattr(was, k, getattr(now, k))
+        for k in ("metrics", "indices"):  # a role's own records (Persia's NN workers')
+            got = len(getattr(now, k))
+            out[k] += getattr(now, k)[:got]
+            del getattr(now, k)[:got]
         return {**out, "done": gate.done, "down": gate.down, "error": gate.error,
                 "parked": gate.parked}
 

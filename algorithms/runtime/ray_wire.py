@@ -7,9 +7,10 @@
   only), `pack_rows` (the real rows only) and their inverses;
 * hosted servers: `Hosted`, the driver's proxy of a value-only server (``ps.DensePS``,
   ``ps.SyncPS``, GBA's PS0) built in an actor of its own (`_Host`);
-* hosted all-reduce groups: `Collectives` (``clock.Rendezvous`` groups in an actor of their
-  own) and `RemoteGroup`, the group a role run in its worker actor joins (ShadowSync's MA and
-  BMUF among the trainers' actors).
+* hosted all-reduce groups: `collectives.Collectives` (``clock.Rendezvous`` groups, or a
+  server with their calls, in an actor of their own) and `RemoteGroup`, the group a role run
+  in its worker actor joins (ShadowSync's MA and BMUF among the trainers' actors, Persia's NN
+  workers' all-reduce).
 
 The cluster and its watch are ``ray_backend.py``; the PS shards ``ray_ps.py``; the worker
 groups ``ray_workers.py``; where each lives, ``ray_placement.py``.
@@ -29,7 +30,8 @@ import jax
 import numpy as np
 
 from algorithms.runtime import ps as ps_lib
-from algorithms.runtime.clock import CLOSED, Rendezvous
+from algorithms.runtime.clock import CLOSED
+from algorithms.runtime.collectives import Collectives  # noqa: F401 (hosted by name)
 from algorithms.runtime.dense_blocks import join as join_blocks
 from algorithms.runtime.dense_blocks import pick
 from algorithms.runtime.ray_backend import _ray
@@ -285,33 +287,6 @@ class _Method:
 
 
 # -- hosted all-reduce groups ------------------------------------------------------------------
-class Collectives:
-    """`count` all-reduce groups of `n` parties each (`clock.Rendezvous`), the object an actor
-    of their own hosts (`_Host`, ``placement.rendezvous``) when the parties' roles run in
-    their worker actors: ShadowSync's MA / BMUF among its trainers, FR's worker j of every
-    trainer one group (m groups), the shadows one. A party's `join` waits here until the
-    group's n values are in, and every party gets the reduction of the n in party order, as
-    in one process; `close` releases the waiting parties (``clock.CLOSED``).
-
-    A star, not a ring: each party sends its value here and gets the result back (2 P bytes
-    on the wire per party and sync, where the counters keep the ring's 2 (n-1)/n P, the
-    paper's all-reduce), and the reduction runs in this actor."""
-
-    def __init__(self, count: int, n: int, reduce, like=None):
-        self.groups = [Rendezvous(n, reduce) for _ in range(count)]
-        self._never = threading.Event()  # a party leaves through `close`, not a stop of its own
-        if like is not None:  # compiled before the clock runs, as in one process
-            jax.block_until_ready(reduce([like] * n))
-
-    def join(self, k: int, index: int, value) -> tuple[bool, Any]:
-        """``(closed, result)``: ``clock.CLOSED`` does not survive a trip between processes."""
-        out = self.groups[k].join(index, value, self._never)
-        return (True, None) if out is CLOSED else (False, out)
-
-    def close(self, k: int) -> None:
-        self.groups[k].close()
-
-
 def _joined(refs: list, stop: threading.Event, poll_s: float) -> list | None:
     """The ``(closed, result)`` of each `Collectives.join` call of `refs` once all are in,
     looking at the role's `stop` every `poll_s` s; None when it stops first."""

@@ -58,6 +58,7 @@ class ComputeServer:
         self.ctx = types.SimpleNamespace(cfg=cfg, mini_layout=mini, mini_model=mini_model)
         self.shard_names = shard_names
         self.fns: dict[str, Any] = {}
+        _HERE[:] = [self]  # this process's group (a `RemoteFn` handed to a role run here)
         self._held: dict[int, list] = {}  # worker -> its step's push, until `flush`
 
     def pid(self) -> int:
@@ -210,6 +211,11 @@ class RemoteFn:
         self.factory, self.args = factory, args
         self._build()
 
+    def __reduce__(self):
+        """Handed to a role run in the group's actor (``ray_roles.py``): the function there,
+        called in that process (`_Here`), not through a call to itself."""
+        return _here, (self.name,)
+
     def _build(self) -> None:
         """Build the function in the group's actor, and wait for it: the actor serves calls
         concurrently, so a call sent after an `add` that was not waited for could run
@@ -352,3 +358,28 @@ class _Pushed:
     rows: dict
     failed: dict
     held: bool = False  # not pushed yet: kept in the actor until `RayWorker.push` (a straggler)
+
+
+_HERE: list = []  # the `ComputeServer` of this process, in a worker group's actor
+
+
+def _here(name: str) -> _Here:
+    if not _HERE or name not in _HERE[0].fns:
+        raise RuntimeError(f"{name} was built in another worker group's actor than the role it "
+                           "was handed to; a role may call the functions of its own group only")
+    return _Here(_HERE[0], name)
+
+
+class _Here:
+    """A `RemoteFn` in its group's actor: ``fn(*args)``, ``fn.timed(*args)`` as
+    `worker.LocalFn`, computed here (`ComputeServer.call`)."""
+
+    def __init__(self, server: ComputeServer, name: str):
+        self.server, self.name = server, name
+
+    def __call__(self, *args):
+        return self.server.call(self.name, *args)[0]
+
+    def timed(self, *args) -> tuple[Any, float]:
+        return self.server.call(self.name, *args)
+

@@ -285,16 +285,17 @@ class EntryIndex:
 
 class ListOfIndices:
     """The driver's side of GBA's list with the roles in the actors: the shared server with
-    `EntryIndex`'s ``next_entry`` (`index`: PS0) the worker actors take from; nothing is read
+    `EntryIndex`'s ``next_entry`` (`index`: GBA's PS0, Persia's pipeline) the worker actors take
+    from, `localize`: whether they localize each entry as they read it; nothing is read
     here."""
 
     shares = False
 
-    def __init__(self, index, m: int):
-        self.index, self.m = index, m
+    def __init__(self, index, m: int, localize: bool = True):
+        self.index, self.m, self.localize = index, m, localize
 
     def actor_spec(self) -> tuple:
-        return "list", self.index, self.m
+        return "list", self.index, self.m, self.localize
 
     def take(self, wid: int = 0):
         raise RuntimeError("GBA's list with the roles in the actors is read by the workers' "

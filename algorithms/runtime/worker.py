@@ -150,6 +150,24 @@ class Worker:
         self.rt.ps.push(rows, batched.resolve(grads))
         self.counters.iterations += 1
 
+    # -- the embedding PS, reached by the role itself (Persia's embedding workers) ----------
+    @property
+    def links(self) -> list:
+        """The PS shards' links (`clock.Link`), in shard order."""
+        return self.rt.shard_links
+
+    def pull(self, rows) -> dict:
+        """The mini tables of `rows` (`ps.EmbeddingPS.pull`)."""
+        return self.rt.ps.pull(rows)
+
+    def push_rows(self, rows, grads: dict) -> None:
+        """``grads[name] = (local ids, row grads)`` to the PS (`ps.EmbeddingPS.push`)."""
+        self.rt.ps.push(rows, grads)
+
+    def shard_bytes(self, rows) -> list[int]:
+        """Bytes each PS shard serves for `rows`."""
+        return self.rt.ps.shard_bytes(rows)
+
 
 class LocalFn:
     """A jitted function run in this process (`Runtime.remote_fn` on threads), called as

@@ -75,6 +75,7 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
     import numpy as np
 
     from algorithms import persia
+    from algorithms.persia_roles import slice_of
     from algorithms.runtime import Runtime
     from algorithms.runtime.ps import localize
     from recjax.train.step import apply_dense
@@ -86,7 +87,7 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
     local, rows = localize(rt.model.layout, batch)
     minis = rt.ps.pull(rows)
     acts = jax.block_until_ready(p.emb_lookup(minis, local.ids, local.mask))
-    sl = p._slice(acts, batch, 0)
+    sl = slice_of(acts, batch, 0, p.p.local_batch)
     _, g_params, g_acts = jax.block_until_ready(p.nn_grads[0](p.dense.params, *sl))
     full = {g: jnp.concatenate([v] * k) for g, v in g_acts.items()}
     row_g = jax.block_until_ready(p.row_grads(full, local.ids, local.mask))
@@ -101,7 +102,8 @@ def per_call_costs(calls: int = 30) -> dict[str, float]:
         "embedding lookup (jit, B rows)": lambda: jax.block_until_ready(
             p.emb_lookup(minis, local.ids, local.mask)),
         "acts to host, K slices": lambda: [codec.send_values(np.asarray(a))
-                                           for j in range(k) for a in p._slice(acts, batch, j)[0].values()],
+                                           for j in range(k)
+                                           for a in slice_of(acts, batch, j, p.p.local_batch)[0].values()],
         "nn forward/backward (jit, B/K rows)": lambda: jax.block_until_ready(
             p.nn_grads[0](p.dense.params, *sl)),
         "act grads to host": lambda: [codec.send_values(np.asarray(a)) for a in g_acts.values()],
