@@ -169,3 +169,19 @@ def test_gba_serial_config_counts_worker_steps_as_data_list_entries(workers):
     assert (p.mode, p.workers, p.m, p.local_batch) == ("gba", workers, workers, 512)
     assert cfg.train.steps * p.m == 24 * workers and cfg.ray.roles == "actors"
     assert cfg.runtime.stragglers == "slow:k=1,factor=50"
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_persia_serial_config_counts_worker_steps_as_nn_worker_slices(workers):
+    """``--serial-algo persia``: W NN workers of B rows each (the global batch W x B), W // 2
+    embedding workers (at least one), and `steps` NN worker steps in all."""
+    from algorithms import persia
+    from algorithms.tools.bench_ray import persia_serial_config
+
+    cfg = persia_serial_config("ray", workers, 24 * workers, 512, "slow:k=1,factor=50",
+                               model="default", roles="actors")
+    p = persia.plan(cfg)
+    assert (p.mode, p.nn_workers, p.embedding_workers, p.local_batch, p.tau) == (
+        "hybrid", workers, max(1, workers // 2), 512, 4)
+    assert cfg.train.steps * p.nn_workers == 24 * workers and cfg.ray.roles == "actors"
+    assert cfg.runtime.stragglers == "slow:k=1,factor=50"

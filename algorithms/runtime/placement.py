@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import types
 from typing import Any, Protocol
 
 import jax
 
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.clock import Rendezvous
-from algorithms.runtime.worker import LocalFn, Worker
+from algorithms.runtime.worker import LocalFn, Worker, companion_here
 from recjax.config import Config
 
 Runtime = Any  # `engine.Runtime` (not imported: the engine imports this module)
@@ -222,7 +221,7 @@ class InProcess:
         return rendezvous_here(count, n, reduce, like)
 
     def companion(self, group, counters, group_size=1, worker=None):
-        return here_companion(counters, worker)
+        return companion_here(counters, worker)
 
     def warm(self, params, batch, shares=True):
         pass  # the engine compiled this process's functions while it set up
@@ -258,11 +257,6 @@ def rendezvous_here(count: int, n: int, reduce, like=None) -> list:
     if like is not None:
         jax.block_until_ready(reduce([like] * n))
     return [Rendezvous(n, reduce) for _ in range(count)]
-
-
-def here_companion(counters, worker=None) -> Any:
-    """`Placement.companion` where the role runs in this process."""
-    return worker if worker is not None else types.SimpleNamespace(counters=counters)
 
 
 def settle(cfg: Config) -> Config:

@@ -27,10 +27,10 @@ from algorithms.runtime import (
     ray_wire,
     ray_workers,
 )
-from algorithms.runtime import placement as placement_lib
 from algorithms.runtime import ps as ps_lib
 from algorithms.runtime.dense_blocks import pick
 from algorithms.runtime.segments import StateLost, with_latest
+from algorithms.runtime.worker import LocalFn, Worker, companion_here
 
 Runtime = Any  # `engine.Runtime` (not imported: the engine imports the placement)
 
@@ -169,7 +169,7 @@ class RayPlacement:
         if self.in_actors:
             return ray_role_driver.ActorWorker(self.rt, wid, supply, group, group_size)
         if not compute:
-            return placement_lib.Worker(self.rt, wid, supply)
+            return Worker(self.rt, wid, supply)
         return ray_workers.RayWorker(self.rt, wid, supply, group, group_size)
 
     def beside(self, group, factory, *args, group_size=1, name=None):
@@ -210,7 +210,7 @@ class RayPlacement:
         of it run in that group's actor (`ray_role_driver.ActorWorker`, its counters
         `counters`)."""
         if not self.in_actors:
-            return placement_lib.here_companion(counters, worker)
+            return companion_here(counters, worker)
         return ray_role_driver.ActorWorker(self.rt, f"companion-{group}", None, group,
                                            group_size, counters)
 
@@ -227,7 +227,7 @@ class RayPlacement:
             return self.remote_fn(group, name, factory, *args)
         key = (None, name, args)
         if key not in self._fns:
-            self._fns[key] = placement_lib.LocalFn(jax.jit(factory(self.rt, *args)))
+            self._fns[key] = LocalFn(jax.jit(factory(self.rt, *args)))
         return self._fns[key]
 
     def parties(self, server, count, n):

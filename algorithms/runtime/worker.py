@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
 from typing import Any
 
 import jax
@@ -167,6 +168,12 @@ class Worker:
     def shard_bytes(self, rows) -> list[int]:
         """Bytes each PS shard serves for `rows`."""
         return self.rt.ps.shard_bytes(rows)
+
+
+def companion_here(counters, worker=None) -> Any:
+    """`placement.Placement.companion` where the role runs in this process: `worker` (the role
+    reaches the PS through it), or an object with `counters` only."""
+    return worker if worker is not None else types.SimpleNamespace(counters=counters)
 
 
 class LocalFn:

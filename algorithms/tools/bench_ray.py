@@ -103,6 +103,21 @@ def gba_serial_config(backend: str, workers: int, steps: int, batch: int,
         gba=dataclasses.replace(c.gba, mode="gba", workers=workers, local_batch_size=batch))
 
 
+def persia_serial_config(backend: str, workers: int, steps: int, batch: int,
+                         stragglers: str = "none", model: str = "dlrm_kaggle", seed: int = 0,
+                         roles: str = "auto"):
+    """`bench_config` as Persia's hybrid mode runs it (``--serial --serial-algo persia``):
+    `workers` NN workers of `batch` rows (the global batch `workers` x `batch`), half as many
+    embedding workers (at least one), tau = 4, `steps` NN worker steps in all; the
+    stragglers slow the NN workers' forward/backward."""
+    c = bench_config(backend, workers, steps, batch, stragglers, model, seed, roles)
+    return dataclasses.replace(
+        c, train=dataclasses.replace(c.train, algo="persia", steps=steps // workers,
+                                     batch_size=batch * workers),
+        persia=dataclasses.replace(c.persia, mode="hybrid", nn_workers=workers,
+                                   embedding_workers=max(1, workers // 2), staleness=4))
+
+
 def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
                 roles: str = "auto"):
     """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5);
@@ -536,8 +551,10 @@ def main(argv=None) -> int:
     p.add_argument("--serial", action="store_true",
                    help="only measurement 7: S_W, c_W and the driver's CPU at 1 and 16 workers "
                         "(bench_ray_serial.py)")
-    p.add_argument("--serial-algo", default="async", choices=("async", "gba"),
-                   help="--serial: the algorithm (gba: its own mode, M = N = the workers)")
+    p.add_argument("--serial-algo", default="async", choices=("async", "gba", "persia"),
+                   help="--serial: the algorithm (gba: its own mode, M = N = the workers; "
+                        "persia: hybrid, the workers NN workers, half as many embedding "
+                        "workers)")
     p.add_argument("--serial-workers", default="1,16",
                    help="--serial: the worker counts (the criteria compare the fewest and the "
                         "most; the driver's CPU is judged at each)")
@@ -568,7 +585,8 @@ def main(argv=None) -> int:
     elif a.serial:
         from algorithms.tools.bench_ray_serial import bench_serial
 
-        config = gba_serial_config if a.serial_algo == "gba" else bench_config
+        config = {"gba": gba_serial_config, "persia": persia_serial_config}.get(
+            a.serial_algo, bench_config)
         rows = [{"algo": a.serial_algo, **r} for r in bench_serial(
             config, a.repeats, roles=tuple(a.roles.split(",")),
             workers=tuple(int(w) for w in a.serial_workers.split(",")))]
