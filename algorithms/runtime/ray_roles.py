@@ -4,22 +4,25 @@ Under ``--ray.roles driver`` a worker's role (``clock.py``'s generator) runs in 
 and every step is one call from there: the driver takes the batch, localizes it, pulls the
 dense params and applies the dense gradient, so its CPU grows with the steps of every worker.
 Here the same role function (the algorithm's own: `async_ps.worker_role`, `gba.worker_role`,
-`shadowsync.worker_role` and `shadow_role`) runs in the worker group's actor (one worker, or a
-ShadowSync trainer's m workers and its shadow: one thread per role), with that actor's
-versions of what the role touches:
+`shadowsync.worker_role` and `shadow_role`, Persia's `persia_roles.nn_worker`,
+`embedding_forward` and `embedding_backward`) runs in the worker group's actor (one worker; a
+ShadowSync trainer's m workers and its shadow; a Persia embedding worker's two roles: one
+thread per role), with that actor's versions of what the role touches:
 
 * the worker (`ray_role_worker.RoleWorker`): its batches read in the actor (async:
   `supply.StaticShards` for this worker only; GBA: the entries of the data list that PS0's
-  `supply.EntryIndex` hands it, `supply.EntryReader`); its rows pulled from and pushed to the
-  shard actors directly; its gradient computed there; a straggler's modelled slowdown slept
-  there;
+  `supply.EntryIndex` hands it, `supply.EntryReader`; Persia's embedding workers likewise from
+  its pipeline); its rows pulled from and pushed to the shard actors directly; its gradient
+  computed there (a `RemoteFn` handed to the role is the function there); a straggler's
+  modelled slowdown slept there;
 * the servers the role shares with the other workers (the dense PS, GBA's PS0 and its list,
-  ShadowSync's EASGD sync PS): hosted actors (`placement.host`), called by the role through
-  their `ray_wire.Hosted` proxy; a `Wait` on such a server's signal (GBA's gate of the mode)
-  waits in the server's actor (`ray_wire.RemoteSignal`), and a chunk may end while the role
-  waits there;
-* what the roles of one group share (a ShadowSync trainer's replica): made in the group's
-  actor (`RoleServer.make_local`, `placement.beside`), the object itself there.
+  ShadowSync's EASGD sync PS, Persia's pipeline and dense group): hosted actors
+  (`placement.host`), called by the role through their `ray_wire.Hosted` proxy; a `Wait` on
+  such a server's signal (GBA's gate of the mode, Persia's pipeline) waits in the server's
+  actor (`ray_wire.RemoteSignal`), and a chunk may end while the role waits there;
+* what the roles of one group share (a ShadowSync trainer's replica, a Persia embedding
+  worker's queue of looked-up batches): made in the group's actor
+  (`RoleServer.make_local`, `placement.beside`), the object itself there.
 
 The driver's part is `ray_role_driver.remote_role`: it starts the role in the actor and then
 lets it run in chunks of ``ray.chunk_s`` seconds (`RoleServer.advance`), each ending where the
@@ -145,8 +148,8 @@ class _Gate:
 
 
 class _Slot:
-    """One role run in a worker actor: its gate, its chunk's counters, its worker (or, for a
-    role without batches, its counters only), its supply and its thread."""
+    """One role run in a worker actor: its gate, its chunk's counters, its worker (a
+    `RoleWorker`, once started), its supply (None: a role without batches) and its thread."""
 
     def __init__(self, shards: int):
         self.gate, self.delta = _Gate(), Delta(shards)
