@@ -39,14 +39,22 @@ def _cfg(mode: str, steps: int = STEPS, **fields):
 
 
 @pytest.mark.slow
-def test_sync_mode_in_the_actors_is_the_threaded_run(cluster, monkeypatch):
+@pytest.mark.parametrize("roles", ["actors", "driver"])
+def test_sync_mode_in_the_actors_is_the_threaded_run(cluster, monkeypatch, roles):
     """``--persia.mode sync`` (tau = 0: lookup, dense step and update in sequence) does the
     same arithmetic wherever its roles run: with them in the actors (compression of ids and
     values on) the model, the eval, the staleness and every byte count are the threaded run's
     (the activations computed in other processes: float32 rounding apart); the embedding
-    workers' actors read exactly the run's entries of the list, each its own."""
+    workers' actors read exactly the run's entries of the list, each its own. With the roles
+    in the driver (its threads; the NN workers' forward/backward in their actors), likewise."""
     base = _cfg("sync", compress="both")
     t = persia.run(on_threads(base))
+    if roles == "driver":
+        r = persia.run(on_ray(base, roles="driver"))
+        assert r["embedding_staleness"] == t["embedding_staleness"] and r["bytes"] == t["bytes"]
+        assert r["eval_ne"] == pytest.approx(t["eval_ne"], abs=1e-6)
+        assert r["data_rows_read"]["by_reader"]["data list"] > 0
+        return
     _no_role_here(monkeypatch)
     r = persia.run(on_ray(base, roles="actors"))
     assert r["backend"] == "ray" and r["steps"] == t["steps"] == STEPS

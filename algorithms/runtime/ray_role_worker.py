@@ -14,8 +14,13 @@ and sets it through the proxy (an eval, a checkpoint, a resume, between chunks).
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from algorithms.runtime.clock import Link, Work, WorkerLost
 from algorithms.runtime.ps import shard_bytes
@@ -176,9 +181,14 @@ class RoleWorker:
         return out
 
     def push_rows(self, rows, grads: dict) -> None:
-        """`ps.EmbeddingPS.push`: ``grads[name] = (local ids, row grads)`` to each shard."""
+        """`ps.EmbeddingPS.push` of ``grads[name] = (local ids, row grads)``: summed per row
+        here, and only the real rows' sums sent (`pack_rows`, as a worker's `push`): the
+        same update as the entries (the sparse optimizer sums a row's entries first), to
+        rounding, in about a fifth of the bytes (dlrm_kaggle: 22% of a batch's rows real)."""
         parts = self._parts(rows)
-        self._each(lambda s: ("push", parts[s], {k: grads[k] for k in parts[s]}), parts)
+        sums = {k: np.asarray(_row_sums(*grads[k], rows[k][0].size)) for k in rows}
+        self._each(lambda s: ("push_rows", wire_rows(parts[s]),
+                              pack_rows({k: sums[k] for k in parts[s]}, parts[s])), parts)
         with self.slot.delta.lock:  # (the driver's snapshots of the shards count them)
             for s in parts:
                 self.slot.delta.d["pushes"][s] += 1
@@ -212,3 +222,10 @@ class RoleWorker:
     def _send(self, s: int, request):
         method, *args = request(s)
         return getattr(self.handles[s], method).remote(*args)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _row_sums(ids, grads, rows: int):
+    """``f32[rows, D]``: each row's entries of `grads` added up (ids past `rows` dropped)."""
+    return jnp.zeros((rows, grads.shape[-1]), grads.dtype).at[ids].add(grads, mode="drop")
+
