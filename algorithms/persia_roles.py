@@ -3,7 +3,10 @@
 threads or virtual clock, or each in its worker group's Ray actor: ``placement.run_role``).
 They read the run through a `RoleContext` (values) and reach what they share through the
 servers of ``persia_servers.py``; an embedding worker reaches the PS, and an NN worker computes,
-through its own `worker` and functions (``placement.worker``, ``placement.role_fn``).
+through its own `worker` and functions (``placement.worker``, ``placement.role_fn``). A message
+for another role (activations, their gradients) goes to the pipeline as ``worker.send`` makes
+it and comes out through ``worker.receive``: the message itself in one process; under Ray in
+the actors a reference, the bytes going from the sender's process to the receiver's once.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def embedding_forward(rt, worker, ctx: RoleContext, pipe, ledger, queue, look_up
                 ledger.add("embedding->nn", raw, wire)
                 sent += wire
                 part[g] = m
-            messages.append((part, dense, label))
+            messages.append(worker.send((part, dense, label)))
         transfers = tuple((link, b // 2) for link, b in zip(worker.links, nbytes) if b)
         yield Work(ctx.id_cost * ctx.ids_per_batch, ctx.emb_stragglers.factor(e, it),
                    transfers + ((ctx.nn_link, sent),))
@@ -134,7 +137,7 @@ def embedding_backward(rt, worker, ctx: RoleContext, pipe, queue, row_grads, e: 
         # lookup; out of order, a slow backward role would see any number pass it
         yield Wait(pipe.signal, functools.partial(pipe.may_apply, step))
         queue.popleft()
-        parts = pipe.take_grads(step, e)
+        parts = [worker.receive(m) for m in pipe.take_grads(step, e)]
         g_acts = {g: jnp.concatenate([codec.recv_values(part[g]) for part in parts])
                   for g in parts[0]}
         row_g = row_grads(g_acts, local.ids, local.mask)
@@ -154,7 +157,7 @@ def nn_worker(rt, worker, ctx: RoleContext, pipe, dense_ps, ledger, group, nn_gr
     version = 0
     for step in range(ctx.start_step, ctx.total_steps):
         yield Wait(pipe.signal, functools.partial(pipe.has_acts, step, k))
-        msg, dense, label = pipe.take_acts(step, k)
+        msg, dense, label = worker.receive(pipe.take_acts(step, k))
         acts = {g: codec.recv_values(m) for g, m in msg.items()}
         if dense_ps is not None:
             params, version = dense_ps.pull()
@@ -174,7 +177,7 @@ def nn_worker(rt, worker, ctx: RoleContext, pipe, dense_ps, ledger, group, nn_gr
             sent += wire
         yield Work(ctx.example_cost * p.local_batch, factor, ((ctx.nn_link, sent),),
                    measured=secs)
-        pipe.post_grads(step, k, out)
+        pipe.post_grads(step, k, worker.send(out))
         if dense_ps is not None:
             ledger.add("nn<->dense-ps", 2 * ctx.dense_bytes)
             dense_ps.push(g_params, version)

@@ -25,7 +25,7 @@ import numpy as np
 from algorithms.runtime.clock import Link, Work, WorkerLost
 from algorithms.runtime.ps import shard_bytes
 from algorithms.runtime.ray_backend import _ray
-from algorithms.runtime.ray_wire import pack_rows, state_lost, unpack_rows, wire_rows
+from algorithms.runtime.ray_wire import Parcel, pack_rows, state_lost, unpack_rows, wire_rows
 
 LOCALS: dict[str, object] = {}  # this actor's objects its roles share (`GroupLocal`)
 
@@ -169,6 +169,18 @@ class RoleWorker:
             for s in wires:
                 d["pushes"][s] += 1
         self.counters.iterations += 1
+
+    # -- messages to another role (Persia's activations and their gradients) ----------------
+    @staticmethod
+    def send(message) -> Parcel:
+        """`message` put in the object store once: the server that holds it until its
+        receiver takes it (Persia's pipeline) holds a reference only, and the bytes go from
+        this process to the receiver's, not through the server's."""
+        return Parcel(_ray().put(message))
+
+    @staticmethod
+    def receive(message):
+        return _ray().get(message.ref) if isinstance(message, Parcel) else message
 
     # -- the embedding PS, reached by the role itself (Persia's embedding workers) ----------
     def pull(self, rows) -> dict:

@@ -1,8 +1,8 @@
 """What travels between the driver and the Ray actors (``--backend ray``; docs/distributed.md).
 
 * references nested in arguments: `ShardGrads` (a worker's row gradients, one reference per PS
-  shard), `resolve` (fetch every reference inside an argument), `host_value` (what a call
-  sends: references as they are, jax arrays as numpy);
+  shard), `resolve` (fetch every reference inside an argument but a `Parcel`'s), `host_value`
+  (what a call sends: references as they are, jax arrays as numpy);
 * rows as they travel between a worker actor and a shard actor: `wire_rows` (the real ids
   only), `pack_rows` (the real rows only) and their inverses;
 * hosted servers: `Hosted`, the driver's proxy of a value-only server (``ps.DensePS``,
@@ -44,6 +44,16 @@ class ShardGrads:
     """A worker's row gradients as one object reference per PS shard (``None``: no tables)."""
 
     refs: tuple
+
+
+class Parcel:
+    """An object reference that travels as it is: `resolve` does not fetch it (a message one
+    role sends another through a server that only holds it, `RoleWorker.send`)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref):
+        self.ref = ref
 
 
 def resolve(x: Any) -> Any:

@@ -268,6 +268,13 @@ class RayWorker:
     def take(self):
         return self.supply.take(self.wid)
 
+    @staticmethod
+    def send(message):
+        """`worker.Worker.send`: its role runs here, the message stays as it is."""
+        return message
+
+    receive = send
+
     def compute(self, params, item: tuple, it: int, coalesce: bool = False):
         """The step in the group's actor (`ComputeServer.step`). Without `coalesce` (async
         PS, ShadowSync) the actor also pushes the row gradients, and `push` only accounts for

@@ -152,6 +152,14 @@ class Worker:
         self.counters.iterations += 1
 
     # -- the embedding PS, reached by the role itself (Persia's embedding workers) ----------
+    @staticmethod
+    def send(message):
+        """A message to another role (Persia's activations) as a server holds it for that role:
+        here, the message itself (`ray_role_worker.RoleWorker.send`: a reference)."""
+        return message
+
+    receive = send
+
     @property
     def links(self) -> list:
         """The PS shards' links (`clock.Link`), in shard order."""
