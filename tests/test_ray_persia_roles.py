@@ -103,8 +103,8 @@ def test_async_mode_checkpoints_from_the_actors_and_resumes_on_threads(cluster, 
     assert r["backend"] == "threads" and r["resumed_from_step"] == 16 and r["steps"] == STEPS
     assert r["embedding_updates"] == STEPS
     assert sum(r["dense_staleness"]["histogram"].values()) == K * STEPS
-    assert r["bytes"]["nn<->dense-ps"]["raw"] == STEPS * K * 2 * s["bytes"]["nn<->dense-ps"][
-        "raw"] // (16 * K * 2)
+    # (each NN worker's pull and push per step: the two runs' bytes in proportion to steps)
+    assert r["bytes"]["nn<->dense-ps"]["raw"] * 16 == s["bytes"]["nn<->dense-ps"]["raw"] * STEPS
     assert np.isfinite(r["eval_ne"])
 
 
