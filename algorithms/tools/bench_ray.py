@@ -59,85 +59,22 @@ import numpy as np
 import psutil
 
 from algorithms.tools import roles
-from recjax import configs, registry
+from algorithms.tools.bench_ray_configs import (  # noqa: F401 (the benchmark's names)
+    algo_config,
+    bench_config,
+    gba_serial_config,
+    persia_serial_config,
+)
+from recjax import registry
 from recjax.concurrency import ThreadGroup
 from recjax.config import RayConfig
 from recjax.config_async import SYNC_RULES
-from recjax.data.synthetic import PRESETS
 
 ALGOS = registry.names(kind=registry.HOST_ASYNC)
 # Measurement 2's slowdown. A straggler sleeps (F - 1) x its measured gradient computation
 # (`clock.Work.measured`), about 2.5 ms at B = 512 on the default model, against about 20 ms a
 # step spends in Ray calls: F = 50 makes about 90% of a step modelled time.
 SCALING_FACTOR = 50.0
-
-
-def bench_config(backend: str, workers: int, steps: int, batch: int, stragglers: str = "none",
-                 model: str = "dlrm_kaggle", seed: int = 0, roles: str = "auto"):
-    """Async PS, `workers` workers, on synthetic data (enough for `steps` steps); under Ray
-    the workers' roles where `roles` says (``--ray.roles``)."""
-    c = configs.CONFIGS[model]()
-    preset = "criteo" if model == "dlrm_kaggle" else "default"
-    return dataclasses.replace(
-        c, synthetic=dataclasses.replace(PRESETS[preset], n_train=(steps + 8) * batch,
-                                         n_eval=2048),
-        data=dataclasses.replace(c.data, shuffle_buffer=0, prefetch=4),
-        train=dataclasses.replace(c.train, algo="async", batch_size=batch, steps=steps,
-                                  seed=seed, progress=False, deterministic=False,
-                                  eval_batch_size=2048),
-        runtime=dataclasses.replace(c.runtime, trainers=workers, workers_per_trainer=1,
-                                    stragglers=stragglers, backend=backend),
-        ray=dataclasses.replace(c.ray, snapshot_every=1_000_000, roles=roles))
-
-
-def gba_serial_config(backend: str, workers: int, steps: int, batch: int,
-                      stragglers: str = "none", model: str = "dlrm_kaggle", seed: int = 0,
-                      roles: str = "auto"):
-    """`bench_config` as GBA's own mode runs it (``--serial --serial-algo gba``): `workers`
-    workers of `batch` rows, M = N = `workers` (a global step is one entry per worker), `steps`
-    worker steps (data-list entries) in all."""
-    c = bench_config(backend, workers, steps, batch, stragglers, model, seed, roles)
-    return dataclasses.replace(
-        c, train=dataclasses.replace(c.train, algo="gba", steps=steps // workers,
-                                     batch_size=batch * workers),
-        gba=dataclasses.replace(c.gba, mode="gba", workers=workers, local_batch_size=batch))
-
-
-def persia_serial_config(backend: str, workers: int, steps: int, batch: int,
-                         stragglers: str = "none", model: str = "dlrm_kaggle", seed: int = 0,
-                         roles: str = "auto"):
-    """`bench_config` as Persia's hybrid mode runs it (``--serial --serial-algo persia``):
-    `workers` NN workers of `batch` rows (the global batch `workers` x `batch`), half as many
-    embedding workers (at least one), tau = 4, `steps` NN worker steps in all; the
-    stragglers slow the NN workers' forward/backward."""
-    c = bench_config(backend, workers, steps, batch, stragglers, model, seed, roles)
-    return dataclasses.replace(
-        c, train=dataclasses.replace(c.train, algo="persia", steps=steps // workers,
-                                     batch_size=batch * workers),
-        persia=dataclasses.replace(c.persia, mode="hybrid", nn_workers=workers,
-                                   embedding_workers=max(1, workers // 2), staleness=4))
-
-
-def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
-                roles: str = "auto"):
-    """`bench_config` with 2 workers of `batch` rows each, as `algo` runs them (measurement 5);
-    ``shadow:RULE`` / ``fr:RULE``: ShadowSync with ``--sync RULE`` (default: the config's).
-
-    GBA and Persia count a step as one global batch of both workers' rows (2 x `batch`)."""
-    algo, _, rule = algo.partition(":")
-    k = 2 if algo in ("gba", "persia") else 1  # worker batches per step
-    c = bench_config(backend, 2, steps * k, batch, seed=seed, roles=roles)
-    c = dataclasses.replace(c, train=dataclasses.replace(
-        c.train, algo=algo, steps=steps, batch_size=batch * k))
-    if algo == "gba":
-        c = dataclasses.replace(c, gba=dataclasses.replace(c.gba, mode="gba", workers=2,
-                                                           local_batch_size=batch))
-    if algo == "persia":
-        c = dataclasses.replace(c, persia=dataclasses.replace(
-            c.persia, mode="hybrid", nn_workers=2, embedding_workers=2))
-    if rule:
-        c = dataclasses.replace(c, shadowsync=dataclasses.replace(c.shadowsync, sync=rule))
-    return c
 
 
 @contextlib.contextmanager
