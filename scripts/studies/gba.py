@@ -1,7 +1,7 @@
 """GBA (Su et al., NeurIPS 2022): switching from sync and back without re-tuning (Fig. 6, App.
 Tables 6.4 and 6.8) and the counters of Table 5.3.
 
-    python scripts/compare.py gba [--quick] [--seeds 0,1,2,3] [--datasets synthetic] [--out DIR]
+    python scripts/compare.py gba [--quick] [--seeds 0,1,...,7] [--datasets synthetic] [--out DIR]
 
 Per seed, the synchronous reference (``--algo single``, GBA's global batch) trains the base
 steps and checkpoints; each of the six ``--gba.mode`` values and ``single`` itself continue
@@ -76,7 +76,7 @@ STUDY = Study(
                                  "synthetic.n_eval": 2048}),
         "quick": Size(base=120, chunk=40, chunks=3, back_at=2, seeds=(0, 1),
                       overrides={"synthetic.n_train": 61_440, "synthetic.n_eval": 20_000}),
-        "full": Size(base=300, chunk=75, chunks=4, back_at=2, seeds=(0, 1, 2, 3),
+        "full": Size(base=300, chunk=75, chunks=4, back_at=2, seeds=tuple(range(8)),
                      overrides={**THIRTY_TWO, "synthetic.n_train": 614_400,
                                 "synthetic.n_eval": 1_000_000},
                      datasets={"frappe": {**FOUR, "train.batch_size": 88,
