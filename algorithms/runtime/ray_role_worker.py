@@ -151,7 +151,6 @@ class RoleWorker:
             d = self.slot.delta.d
             d["metrics"].append(m)
             d["indices"].append(item[0])
-            d["measured"].append(secs)
             for s, b in enumerate(nbytes):
                 d["shard_bytes"][s] += b
         sums = {s: pack_rows(per[s], parts[s]) for s in parts}

@@ -313,6 +313,8 @@ class RoleServer(ComputeServer):
                                     "Collective, Wait")
                 took = time.perf_counter() - t0 if effect.measured is None else effect.measured
                 with slot.delta.lock:
+                    if effect.measured is not None:  # every role's timed compute (m_W)
+                        slot.delta.d["measured"].append(effect.measured)
                     for link, nbytes in effect.transfers:
                         slot.delta.d["link_bytes"][link.name] += nbytes
                 idle = max((effect.factor - 1.0) * took, 0.0) + effect.pause
