@@ -9,6 +9,7 @@ from recjax import config_files, configs, registry
 from recjax.config import Config, ConfigError, apply_overrides
 from recjax.config_help import help_text
 from recjax.data.synthetic import preset, synthetic_name
+from recjax.models.config import MODEL_NAMES, SEQUENCE_MODEL_NAMES
 
 # Fixed flag -> config key (users, docs and checks rely on these names).
 FLAGS = {
@@ -36,12 +37,13 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help=f"named config ({', '.join(configs.CONFIGS)}) or a config file: .py "
                         "(config() or CONFIG), .json/.yaml (nested sections), or a run's "
                         "summary.json (reruns it; pass a new --out)")
-    p.add_argument("--model", help="lr | fm | wide_deep | deepfm | dlrm | dcn")
+    p.add_argument("--model", help=" | ".join(MODEL_NAMES) + " | sequence models (data with a "
+                                   "behaviour sequence): " + " | ".join(SEQUENCE_MODEL_NAMES))
     p.add_argument("--algo", help=registry.help_line())
     p.add_argument("--data", help="criteo:PATH | criteo-csv:PATH | avazu:PATH | frappe:PATH | "
                                   "movielens:PATH | taobao:PATH | parquet:DIR (scripts/convert.py) | "
                                   "seq:KIND:PATH (a multi-hot field as position fields, for "
-                                  "--model din) | synthetic[:NAME] | synthetic-seq[:key=value,...]")
+                                  "--model din or bst) | synthetic[:NAME] | synthetic-seq[:key=value,...]")
     p.add_argument("--eval-data", help="eval data SPEC (default: a seeded hold-out split)")
     p.add_argument("--epochs", type=int)
     p.add_argument("--steps", type=int, help="train this many steps (overrides --epochs)")

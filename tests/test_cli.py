@@ -45,6 +45,16 @@ def test_missing_file_is_a_message(capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_help_names_every_model():
+    """``--help`` lists every model a user may pick (it once stopped at dcn, before dcn_v2, din
+    and bst were added)."""
+    from recjax.models.config import MODEL_NAMES, SEQUENCE_MODEL_NAMES
+
+    text = " ".join(cli.parser("t").format_help().split())
+    listed = text.rsplit("--model MODEL", 1)[1].split("--algo", 1)[0]  # options, not usage
+    assert set(MODEL_NAMES + SEQUENCE_MODEL_NAMES) <= set(listed.replace("|", " ").split())
+
+
 def test_help_is_instant():
     out = subprocess.run([sys.executable, "scripts/train.py", "--help"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
