@@ -19,7 +19,7 @@ data and name their ``run`` by module path.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 SINGLE, SPMD, HOST_ASYNC = "single", "spmd", "host_async"  # the kinds of algorithm
@@ -122,13 +122,17 @@ class Rule:
       flag: the setting as the user writes it.
       needs: the capability (a key of `CAPABILITIES`).
       is_set: whether a config sets it.
-      otherwise: what the refusal says to do (or why the others cannot).
+      otherwise: what the refusal says to do (or why the others cannot); a mapping gives
+        each algorithm's own reason (every algorithm the rule may refuse has one).
     """
 
     flag: str
     needs: str
     is_set: Callable[[Any], bool]
-    otherwise: str
+    otherwise: str | Mapping[str, str]
+
+    def reason(self, algo: str) -> str:
+        return self.otherwise if isinstance(self.otherwise, str) else self.otherwise[algo]
 
 
 RULES: tuple[Rule, ...] = (
@@ -148,9 +152,10 @@ RULES: tuple[Rule, ...] = (
          "driver (or auto)"),
     Rule("--ray.dense_shards", "dense_blocks",
          lambda c: c.runtime.backend == "ray" and c.ray.dense_shards > 1,
-         "keeps its dense state in one place (GBA's PS0: Alg. 2's update is one event over the "
-         "whole buffer; Persia: the NN workers' all-reduce applies one optimizer step to the "
-         "one dense replica, with its failure snapshots): drop --ray.dense_shards"),
+         {"gba": "keeps its dense state in PS0 (Alg. 2's update is one event over the whole "
+                 "buffer): drop --ray.dense_shards",
+          "persia": "keeps one dense replica (the NN workers' all-reduce applies one optimizer "
+                    "step to it, with its failure snapshots): drop --ray.dense_shards"}),
     Rule("embed.dims", "table_dims", lambda c: bool(c.embed.dims),
          "has sharded lookups that assume one width per group: drop embed.dims"),
 )
@@ -179,4 +184,4 @@ def check(cfg) -> None:
             which = _either(able) + (f" (the {next(iter(kinds)).replace('_', '-')} algorithms)"
                                      if whole and len(able) > 1 else "")
             raise ValueError(f"{rule.flag} runs with --algo {which}, which "
-                             f"{CAPABILITIES[rule.needs]}; --algo {algo.name} {rule.otherwise}")
+                             f"{CAPABILITIES[rule.needs]}; --algo {algo.name} {rule.reason(algo.name)}")

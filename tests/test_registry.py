@@ -104,3 +104,15 @@ def test_where_the_roles_run_under_ray():
 def test_help_names_every_algorithm():
     line = registry.help_line()
     assert all(f"{n}: " in line for n in registry.NAMES)
+
+
+@pytest.mark.parametrize("algo,own,other", [("gba", "PS0", "all-reduce"),
+                                            ("persia", "all-reduce", "PS0")])
+def test_a_refusal_gives_the_run_s_own_reason_only(algo, own, other):
+    """``--ray.dense_shards`` is refused by GBA and Persia for different reasons; each run's
+    message gives its algorithm's (it once gave both, whichever was run)."""
+    cfg = HONOURED["dense_blocks"][0](small_cfg(algo, steps=2))
+    with pytest.raises(ValueError) as e:
+        registry.check(cfg)
+    reason = str(e.value).split(f"--algo {algo} ", 1)[1]
+    assert own in reason and other not in reason, str(e.value)
