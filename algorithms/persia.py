@@ -77,7 +77,14 @@ from algorithms.persia_roles import (
     row_grads_fn,
     slice_of,
 )
-from algorithms.persia_servers import DenseGroup, Ledger, Pipeline, PsRecovery, totals
+from algorithms.persia_servers import (
+    DenseGroup,
+    Ledger,
+    Pipeline,
+    PsRecovery,
+    dense_group,
+    totals,
+)
 from algorithms.runtime import (
     Counters,
     Link,
@@ -187,8 +194,11 @@ class Persia:
                                mutating=("acquire", "release_unused", "finish", "post_acts",
                                          "take_acts", "post_grads", "take_grads",
                                          "applied_one"))
-        self.dense = place.host(DenseGroup, DenseGroup, cfg, k, s0.params, s0.opt_state, like,
-                                near_roles=True)
+        # one replica, or under --ray.dense_shards D one per block of whole leaves (each
+        # block's mean and optimizer step are the whole one's for its leaves)
+        self.dense = place.host_group_blocks(DenseGroup, dense_group,
+                                             (s0.params, s0.opt_state, like), cfg, k,
+                                             joins={"state": (s0.params, s0.opt_state)})
         self.dense_ps = (place.dense_ps(s0.params, s0.opt_state) if MODES[p.mode].dense_ps
                          else None)
         self.ledgers = [place.beside(g, Ledger, name="persia-ledger") for g in range(k + e)]

@@ -272,3 +272,9 @@ class DenseGroup:
         if self.every and self.steps % self.every == 0:
             self.snapshot = (self.params, self.opt_state, self.steps)
         return self.params
+
+
+def dense_group(params: Any, opt_state: Any, like: Any, cfg, n: int) -> DenseGroup:
+    """`DenseGroup` from its dense trees first (`placement.host_group_blocks`' factory: under
+    ``--ray.dense_shards`` each block server gets its block of the three)."""
+    return DenseGroup(cfg, n, params, opt_state, like)

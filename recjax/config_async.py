@@ -209,8 +209,9 @@ class RayConfig:
         each holding (or reducing) a block of whole parameter arrays: async's dense PS
         (Downpour's sharded PS, Dean et al. 2012 Sec. 4.1; algorithms/runtime/ray_dense.py;
         not with ``dense.clip_norm``), ShadowSync's EASGD sync PS (`ray_dense.SyncShards`)
-        and MA / BMUF all-reduce (`ray_wire.BlockGroup`). Refused where there is no such
-        server (GBA's PS0, Persia, ShadowSync's ``--sync none``).
+        and MA / BMUF all-reduce (`ray_wire.BlockGroup`), Persia's NN workers' dense replica
+        and all-reduce (`ray_dense.GroupBlocks`; its async mode's dense PS as async's). Refused
+        where there is no such server (GBA's PS0, ShadowSync's ``--sync none``).
       chunk_s: with the roles in the actors, seconds of steps a worker actor runs per call of
         the driver (it stops at the next step boundary after this): the driver's work is per
         chunk, not per step; a stop, an eval or a checkpoint waits for at most one chunk.

@@ -19,7 +19,7 @@ data and name their ``run`` by module path.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 SINGLE, SPMD, HOST_ASYNC = "single", "spmd", "host_async"  # the kinds of algorithm
@@ -33,7 +33,7 @@ CAPABILITIES = {
     "table_dims": "look up tables of several widths",
     "actor_roles": "run each worker's role inside its Ray worker actor (--ray.roles actors)",
     "dense_blocks": "cut their dense server into blocks across Ray actors (async's dense PS, "
-                    "ShadowSync's sync PS or all-reduce)",
+                    "ShadowSync's sync PS or all-reduce, Persia's NN workers' all-reduce)",
 }
 
 
@@ -83,7 +83,7 @@ ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm("gba", HOST_ASYNC, "algorithms.gba:run", (*_ENGINE, "gba"), _ASYNC | {"actor_roles"},
               "GBA: global-batch gradient aggregation and its baselines (Su et al., NeurIPS 2022)"),
     Algorithm("persia", HOST_ASYNC, "algorithms.persia:run", (*_ENGINE, "persia"),
-              _ASYNC | {"actor_roles"},
+              _ASYNC | {"actor_roles", "dense_blocks"},
               "Persia: hybrid sync dense / async embeddings (Lian et al., KDD 2022)"),
     Algorithm("diloco", SPMD, "algorithms.diloco:run", ("spmd", "diloco"),
               frozenset({"in_loop_eval"}),
@@ -122,17 +122,13 @@ class Rule:
       flag: the setting as the user writes it.
       needs: the capability (a key of `CAPABILITIES`).
       is_set: whether a config sets it.
-      otherwise: what the refusal says to do (or why the others cannot); a mapping gives
-        each algorithm's own reason (every algorithm the rule may refuse has one).
+      otherwise: what the refusal says to do (or why the others cannot).
     """
 
     flag: str
     needs: str
     is_set: Callable[[Any], bool]
-    otherwise: str | Mapping[str, str]
-
-    def reason(self, algo: str) -> str:
-        return self.otherwise if isinstance(self.otherwise, str) else self.otherwise[algo]
+    otherwise: str
 
 
 RULES: tuple[Rule, ...] = (
@@ -152,10 +148,8 @@ RULES: tuple[Rule, ...] = (
          "driver (or auto)"),
     Rule("--ray.dense_shards", "dense_blocks",
          lambda c: c.runtime.backend == "ray" and c.ray.dense_shards > 1,
-         {"gba": "keeps its dense state in PS0 (Alg. 2's update is one event over the whole "
-                 "buffer): drop --ray.dense_shards",
-          "persia": "keeps one dense replica (the NN workers' all-reduce applies one optimizer "
-                    "step to it, with its failure snapshots): drop --ray.dense_shards"}),
+         "keeps its dense state in PS0 (Alg. 2's update is one event over the whole buffer): "
+         "drop --ray.dense_shards"),
     Rule("embed.dims", "table_dims", lambda c: bool(c.embed.dims),
          "has sharded lookups that assume one width per group: drop embed.dims"),
 )
@@ -184,4 +178,4 @@ def check(cfg) -> None:
             which = _either(able) + (f" (the {next(iter(kinds)).replace('_', '-')} algorithms)"
                                      if whole and len(able) > 1 else "")
             raise ValueError(f"{rule.flag} runs with --algo {which}, which "
-                             f"{CAPABILITIES[rule.needs]}; --algo {algo.name} {rule.reason(algo.name)}")
+                             f"{CAPABILITIES[rule.needs]}; --algo {algo.name} {rule.otherwise}")

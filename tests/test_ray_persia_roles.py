@@ -118,3 +118,27 @@ def test_a_killed_persia_worker_stops_the_run_naming_it(cluster, tmp_path):
     base = _cfg("hybrid", steps=40)
     with pytest.raises(StateLost, match="worker group 0 died.*no committed checkpoint"):
         persia.run(on_ray(base, roles="actors", kill="worker:0@5"))
+
+
+@pytest.mark.slow
+def test_dense_shards_cut_the_nn_workers_replica_and_all_reduce_into_blocks(cluster, monkeypatch):
+    """``--ray.dense_shards 3``: the NN workers' dense replica and its all-reduce in three
+    actors, each of a block of whole leaves (`ray_dense.GroupBlocks`; each NN worker joins
+    every block at once, `ray_wire.BlockGroup`). Sync mode with an NN worker failing at step
+    7 (snapshots every 4): the model, the eval and the recovery are the threaded run's, so
+    every block reduced the same parties' gradients and reloaded its snapshot together."""
+    from algorithms.runtime import ray_dense
+
+    made, init = [], ray_dense.GroupBlocks.__init__
+    monkeypatch.setattr(ray_dense.GroupBlocks, "__init__",
+                        lambda self, servers, *a: made.append(len(servers)) or
+                        init(self, servers, *a))
+    base = _cfg("sync", fail_nn_at=7, snapshot_every=4)
+    t = persia.run(on_threads(base))
+    r = persia.run(on_ray(base, roles="actors", dense_shards=3))
+    assert made == [3] and r["steps"] == STEPS and r["lost_roles"] == []
+    assert (r["nn_recoveries"], r["dense_steps_lost"]) == (t["nn_recoveries"],
+                                                           t["dense_steps_lost"])
+    assert (t["nn_recoveries"], t["dense_steps_lost"]) == (1, 2)  # reloaded at 6, saved at 4
+    assert r["eval_ne"] == pytest.approx(t["eval_ne"], abs=1e-6)
+    assert_trees(r["final_state"].params, t["final_state"].params, rtol=1e-4, atol=1e-6)

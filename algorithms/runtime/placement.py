@@ -78,6 +78,16 @@ class Placement(Protocol):
         ``--ray.dense_shards D`` is cut into D servers, each of a block of whole leaves
         (``ray_dense.SyncShards``)."""
 
+    def host_group_blocks(self, cls: type, factory, dense: tuple, *args,
+                          joins: dict | None = None) -> Any:
+        """`host` (``near_roles``) for a server of the dense state `dense` (a tuple of
+        params-shaped trees: params, optimizer state, a gradient) with `collectives.
+        Collectives`' calls (Persia's NN workers' `DenseGroup`), built ``factory(*dense,
+        *args)``. Under ``--ray.dense_shards D``: D servers, each of a block of whole leaves of
+        every tree in `dense`; their `parties` join every block at once
+        (``ray_wire.BlockGroup``), and a read ``m()`` is every block's, joined like
+        ``joins[m]`` (block 0's where `joins` has no `m`: counts every block keeps alike)."""
+
     def beside(self, group: int, factory, *args, group_size: int = 1,
                name: str | None = None) -> Any:
         """An object ``factory(*args)`` the roles of worker group `group` share (a ShadowSync
@@ -193,6 +203,9 @@ class InProcess:
 
     def host_blocks(self, cls, factory, params, *args, near_roles=False):
         return factory(params, *args)
+
+    def host_group_blocks(self, cls, factory, dense, *args, joins=None):
+        return factory(*dense, *args)
 
     def dense_ps(self, params, opt_state):
         return ps_lib.DensePS(params, opt_state, self.rt.dense_apply)

@@ -1,5 +1,5 @@
-"""Async's dense PS (and S-EASGD's sync PS) sharded by parameter blocks across actors
-(``--ray.dense_shards D``).
+"""Async's dense PS (and S-EASGD's sync PS, Persia's NN workers' dense group) sharded by
+parameter blocks across actors (``--ray.dense_shards D``).
 
 With the roles in the actors (``ray_roles.py``) every worker pulls the dense params and pushes
 its dense gradient once per step; one dense PS actor serves all of them one at a time per
@@ -126,3 +126,27 @@ class DenseShards(_Blocks):
     @property
     def staleness(self):
         return self.servers[0].staleness
+
+
+class GroupBlocks(_Blocks):
+    """A server with `collectives.Collectives`' calls (Persia's `DenseGroup`) cut into block
+    servers `servers`, block s of the leaves `cut[s]` of every dense tree it holds: its parties
+    join every block at once (``ray_wire.BlockGroup``, `placement.parties`); a read ``m()``
+    is every block's at once, joined like ``joins[m]`` (the whole trees' layout), or block 0's
+    (a count every block keeps alike: every block reduces every step of the same parties)."""
+
+    def __init__(self, servers: list, cut: list[list[int]], params: Any, joins: dict):
+        super().__init__(servers, cut, params)
+        self._joins = {m: _shape(like) for m, like in joins.items()}
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def read():
+            parts = self._all(name)
+            if name not in self._joins:
+                return parts[0]
+            return join(jax.device_get(parts), self._joins[name], self.pdef)
+
+        return read

@@ -139,6 +139,24 @@ class RayPlacement:
         servers = [self.host(cls, factory, pick(params, pdef, b), *args) for b in cut]
         return ray_dense.SyncShards(servers, cut, params)
 
+    def host_group_blocks(self, cls, factory, dense, *args, joins=None):
+        """`host` (near the roles), or with ``--ray.dense_shards D`` D servers ``factory(*block,
+        *args)``, `block` each tree of `dense` cut to a block of whole leaves, behind one
+        `ray_dense.GroupBlocks` (`parties` joins them through ``ray_wire.BlockGroup``)."""
+        shards = self.rt.cfg.ray.dense_shards
+        if shards == 1:
+            return self.host(cls, factory, *dense, *args, near_roles=True)
+        self._need_actors(shards, f"cuts {cls.__name__} into actors")
+        if self.rt.cfg.dense.clip_norm > 0:
+            raise ValueError(f"--ray.dense_shards {shards}: each block's server applies its own "
+                             "part of a gradient, and dense.clip_norm clips by the norm of the "
+                             "whole gradient; drop one of them")
+        params, pdef, cut = self._blocks(dense[0], shards)
+        dense = jax.device_get(dense)
+        servers = [self.host(cls, factory, *(pick(t, pdef, b) for t in dense), *args)
+                   for b in cut]
+        return ray_dense.GroupBlocks(servers, cut, params, joins or {})
+
     def _blocks(self, params, shards):
         """``(params on the host, their structure, the leaves of each of `shards` blocks)``:
         this interval cuts a dense server (`dense_blocks.blocks`)."""
@@ -232,9 +250,12 @@ class RayPlacement:
 
     def parties(self, server, count, n):
         """`server`'s own groups, or (hosted: `host`) joined in its actor through
-        `ray_wire.RemoteGroup`."""
+        `ray_wire.RemoteGroup`, or (cut: `host_group_blocks`) in every block's at once."""
         if isinstance(server, ray_wire.Hosted):
             return [ray_wire.RemoteGroup(server._handle, k, n) for k in range(count)]
+        if isinstance(server, ray_dense.GroupBlocks):
+            return [ray_wire.BlockGroup([h._handle for h in server.servers], k, n, server.cut,
+                                        server.pdef) for k in range(count)]
         return server.groups
 
     def warm(self, params, batch, shares=True):

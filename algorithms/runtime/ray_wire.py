@@ -357,7 +357,9 @@ class BlockGroup:
         outs = _joined(refs, stop, self.poll_s)
         if outs is None or any(closed for closed, _ in outs):
             return CLOSED
-        return join_blocks([out for _, out in outs], value, self.pdef)
+        # (a value not shaped as the params, Persia's `FAILED`, goes whole to every block)
+        like = jax.tree.unflatten(self.pdef, [0] * self.pdef.num_leaves)
+        return join_blocks([out for _, out in outs], like, self.pdef)
 
     def close(self) -> None:
         for g in self.parts:
