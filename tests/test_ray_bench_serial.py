@@ -185,3 +185,15 @@ def test_persia_serial_config_counts_worker_steps_as_nn_worker_slices(workers):
         "hybrid", workers, max(1, workers // 2), 512, 4)
     assert cfg.train.steps * p.nn_workers == 24 * workers and cfg.ray.roles == "actors"
     assert cfg.runtime.stragglers == "slow:k=1,factor=50"
+
+
+def test_chunk_s_sets_the_runs_chunk_and_nothing_else():
+    """``--serial --chunk-s``: the runs' ``ray.chunk_s``, every other field as the config's."""
+    import dataclasses
+
+    from algorithms.tools.bench_ray import persia_serial_config, with_chunk_s
+
+    args = ("ray", 4, 96, 512, "slow:k=4,factor=50")
+    base, got = persia_serial_config(*args), with_chunk_s(persia_serial_config, 2.0, *args)
+    assert got.ray.chunk_s == 2.0 != base.ray.chunk_s
+    assert dataclasses.replace(got, ray=base.ray) == base

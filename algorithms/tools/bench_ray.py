@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import pathlib
 import statistics
@@ -64,6 +65,7 @@ from algorithms.tools.bench_ray_configs import (  # noqa: F401 (the benchmark's 
     bench_config,
     gba_serial_config,
     persia_serial_config,
+    with_chunk_s,
 )
 from recjax import registry
 from recjax.concurrency import ThreadGroup
@@ -499,6 +501,8 @@ def main(argv=None) -> int:
                    help="--serial, --real, --algos, --memory: where the workers' roles run "
                         "under Ray (--ray.roles: auto, driver or actors); all but --real take "
                         "several, comma-separated, interleaved")
+    p.add_argument("--chunk-s", type=float, default=0.0,
+                   help="--serial: --ray.chunk_s of the runs (default: the config's, 0.5 s)")
     p.add_argument("--memory", action="store_true",
                    help="only measurement 8: the driver's peak memory, dlrm_kaggle, for each "
                         "--roles value")
@@ -524,6 +528,8 @@ def main(argv=None) -> int:
 
         config = {"gba": gba_serial_config, "persia": persia_serial_config}.get(
             a.serial_algo, bench_config)
+        if a.chunk_s:
+            config = functools.partial(with_chunk_s, config, a.chunk_s)
         rows = [{"algo": a.serial_algo, **r} for r in bench_serial(
             config, a.repeats, roles=tuple(a.roles.split(",")),
             workers=tuple(int(w) for w in a.serial_workers.split(",")))]

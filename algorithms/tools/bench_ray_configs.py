@@ -76,3 +76,10 @@ def algo_config(algo: str, backend: str, steps: int, batch: int, seed: int = 0,
     if rule:
         c = dataclasses.replace(c, shadowsync=dataclasses.replace(c.shadowsync, sync=rule))
     return c
+
+
+def with_chunk_s(config, chunk_s: float, *args, **kw):
+    """``config(*args, **kw)`` with ``--ray.chunk_s`` `chunk_s` (``bench_ray --serial
+    --chunk-s``: how the driver's CPU per step follows the chunk's length)."""
+    c = config(*args, **kw)
+    return dataclasses.replace(c, ray=dataclasses.replace(c.ray, chunk_s=chunk_s))
