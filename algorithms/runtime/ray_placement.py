@@ -168,7 +168,7 @@ class RayPlacement:
 
     def _need_actors(self, shards, what):
         if not self.in_actors:
-            raise ValueError(f"--ray.dense_shards {shards} {what} that the trainers' actors "
+            raise ValueError(f"--ray.dense_shards {shards} {what} that the workers' actors "
                              "call: it needs the roles in the actors (--ray.roles actors or "
                              "auto)")
 
