@@ -160,6 +160,8 @@ def test_the_gba_study_file_names_the_papers_effects():
     assert (full["gba.workers"], full["gba.local_batch_size"], full["train.batch_size"]) == (
         32, 32, 1024)
     assert (full["gba.b2"], full["gba.b3"], full["synthetic.n_eval"]) == (6, 6, 1_000_000)
+    # 8 seeds: at 4 the two seed sets split on Async's verdict (its spread is the widest)
+    assert len(study.sizes["full"].seeds) >= 8
     own = [a for a in study.arms_for("synthetic", "full") if "B_a=" in a.name]
     assert [(a.overrides["gba.mode"], a.overrides["gba.local_batch_size"]) for a in own] == [
         ("hop_bs", 128), ("bsp", 128), ("hop_bw", 128)]
