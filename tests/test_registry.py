@@ -105,4 +105,3 @@ def test_where_the_roles_run_under_ray():
 def test_help_names_every_algorithm():
     line = registry.help_line()
     assert all(f"{n}: " in line for n in registry.NAMES)
-
