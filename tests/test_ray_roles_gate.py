@@ -233,7 +233,8 @@ def test_the_role_threads_first_gradient_computation_is_a_warm_up_not_a_timed_st
     """The first execution on the role's thread took 83-118 ms in some runs where later ones
     take 2-3 ms (a one-off of the process, not a retrace), and a straggler of factor 50 would
     sleep 49x that: `RoleWorker.compute` runs it once untimed, then the step it times. Later
-    steps run it once."""
+    steps run it once. The timed seconds travel in the step's `Work` (recorded for the driver
+    where the role runs, `RoleServer._drive`, as every role's timed compute), not here."""
     import types
 
     from algorithms.runtime import stragglers
@@ -256,7 +257,7 @@ def test_the_role_threads_first_gradient_computation_is_a_warm_up_not_a_timed_st
         measured.append(work.measured)
     assert calls == [0, 0, 1, 2]  # two executions for the first step, one after it
     assert measured == [0.002, 0.003, 0.0025]
-    assert s.delta.d["measured"] == measured and len(s.delta.d["metrics"]) == 3
+    assert s.delta.d["measured"] == [] and len(s.delta.d["metrics"]) == 3
 
 
 def test_a_role_without_batches_passes_the_gate_before_each_step():
