@@ -119,10 +119,7 @@ class RayPlacement:
         params, opt_state = jax.device_get((params, opt_state))
         if shards == 1:
             return self.host(ps_lib.DensePS, ray_dense.dense_ps, params, opt_state, cfg.dense)
-        if cfg.dense.clip_norm > 0:
-            raise ValueError(f"--ray.dense_shards {shards}: each block's PS applies its own "
-                             "part of a gradient, and dense.clip_norm clips by the norm of the "
-                             "whole gradient; drop one of them")
+        self._refuse_clipping(shards, "PS")
         params, pdef, cut = self._blocks(params, shards)
         servers = [self.host(ps_lib.DensePS, ray_dense.dense_ps, pick(params, pdef, b),
                              pick(opt_state, pdef, b), cfg.dense) for b in cut]
@@ -147,12 +144,9 @@ class RayPlacement:
         if shards == 1:
             return self.host(cls, factory, *dense, *args, near_roles=True)
         self._need_actors(shards, f"cuts {cls.__name__} into actors")
-        if self.rt.cfg.dense.clip_norm > 0:
-            raise ValueError(f"--ray.dense_shards {shards}: each block's server applies its own "
-                             "part of a gradient, and dense.clip_norm clips by the norm of the "
-                             "whole gradient; drop one of them")
-        params, pdef, cut = self._blocks(dense[0], shards)
+        self._refuse_clipping(shards, "server")
         dense = jax.device_get(dense)
+        params, pdef, cut = self._blocks(dense[0], shards)
         servers = [self.host(cls, factory, *(pick(t, pdef, b) for t in dense), *args)
                    for b in cut]
         return ray_dense.GroupBlocks(servers, cut, params, joins or {})
@@ -165,6 +159,13 @@ class RayPlacement:
         params = jax.device_get(params)
         self.cut = True
         return params, jax.tree.structure(params), dense_blocks.blocks(params, shards)
+
+    def _refuse_clipping(self, shards, what):
+        """A block's `what` applies its part of a gradient; global-norm clipping needs all."""
+        if self.rt.cfg.dense.clip_norm > 0:
+            raise ValueError(f"--ray.dense_shards {shards}: each block's {what} applies its own "
+                             "part of a gradient, and dense.clip_norm clips by the norm of the "
+                             "whole gradient; drop one of them")
 
     def _need_actors(self, shards, what):
         if not self.in_actors:

@@ -349,6 +349,9 @@ class BlockGroup:
     def __init__(self, handles: list, k: int, n: int, cut: list[list[int]], pdef):
         self.parts = [RemoteGroup(h, k, n) for h in handles]
         self.k, self.n, self.cut, self.pdef = k, n, cut, pdef
+        # the results' layout (a value not shaped as the params, Persia's `FAILED`, goes whole
+        # to every block)
+        self._like = jax.tree.unflatten(pdef, [0] * pdef.num_leaves)
 
     def join(self, index: int, value, stop: threading.Event):
         value = jax.device_get(value)
@@ -357,9 +360,7 @@ class BlockGroup:
         outs = _joined(refs, stop, self.poll_s)
         if outs is None or any(closed for closed, _ in outs):
             return CLOSED
-        # (a value not shaped as the params, Persia's `FAILED`, goes whole to every block)
-        like = jax.tree.unflatten(self.pdef, [0] * self.pdef.num_leaves)
-        return join_blocks([out for _, out in outs], like, self.pdef)
+        return join_blocks([out for _, out in outs], self._like, self.pdef)
 
     def close(self) -> None:
         for g in self.parts:
