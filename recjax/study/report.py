@@ -327,8 +327,28 @@ def markdown(study: Study, results: dict[str, list[dict]], command: str, seconds
                     _row(["arm", *keys]), "|---|" + "---|" * len(keys)]
             out += [_row([a, *c]) for a, c in cells.items()]
         out += _claims(study, rows, ds)
+        out += _collapsed(rows)
         out.append("")
     return "\n".join(out)
+
+
+def _collapsed(rows: list[dict]) -> list[str]:
+    """The segments whose model predicted one value for every eval row (``eval_logit_spread``
+    0: recjax/train/contract.py `evaluate`), by arm and seed: such a seed's metric is the
+    constant predictor's (AUC 0.5), which the claims' means and intervals include."""
+    hit: dict[tuple[str, str, int], list[int]] = {}
+    for r in rows:
+        if r.get("eval_logit_spread") == 0:
+            hit.setdefault((r["arm"], r["phase"], r["seed"]), []).append(r["chunk"])
+    if not hit:
+        return []
+    out = ["", "### Collapsed runs", "", "Segments whose model gave every eval row the same "
+           "prediction (a constant predictor: AUC 0.5, NE ~1), counted in the tables and "
+           "claims above as they are:", ""]
+    for (arm, phase, seed), chunks in sorted(hit.items()):
+        out.append(f"- {arm}, {phase}, seed {seed}: chunk{'s' if len(chunks) > 1 else ''} "
+                   + ", ".join(map(str, sorted(chunks))))
+    return out
 
 
 def figure(study: Study, results: dict[str, list[dict]], path: str) -> None:

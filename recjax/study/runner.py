@@ -95,7 +95,9 @@ def _record(summary: dict, study: Study) -> dict:
         raise ValueError(f"study {study.name}: its metric {study.metric!r} is not in a run's "
                          f"summary; a summary has {', '.join(sorted(summary))}")
     row = {"step": summary["steps"], "resumed_from_step": summary.get("resumed_from_step"),
-           study.metric: summary[study.metric]}
+           study.metric: summary[study.metric],
+           # 0: every eval prediction the same (a collapsed model; the report lists them)
+           "eval_logit_spread": summary.get("eval_logit_spread")}
     for k in study.metrics:
         row[k] = _get(summary, k)
     for k in study.counters:

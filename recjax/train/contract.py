@@ -391,6 +391,10 @@ def restore_extra(ckpt: Checkpointer | None, step: int, like: Any, who: str) -> 
 def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict, np.ndarray | None]:
     """Eval metrics over the whole eval set in input order, and (labels, probs) if asked.
 
+    ``logit_spread`` is the largest eval logit minus the smallest: 0 when every prediction is
+    the same (a model collapsed to a constant, e.g. every ReLU of its last hidden layer dead
+    after divergent updates; its AUC is 0.5 and its NE ~1), NaN with no eval example.
+
     On a synthetic teacher's eval split (every row, in order) the metrics also hold
     ``kl_to_bayes``: the mean over the eval rows of KL(p*(x) || p(x)), the model's expected log
     loss above the Bayes-optimal predictor's, scored against the teacher's true probabilities
@@ -403,16 +407,19 @@ def evaluate(cfg: Config, data: RunData, predict, params, tables) -> tuple[dict,
     teacher = (isinstance(data.eval, SyntheticSource) and cfg.synthetic.teacher
                and data.keep_eval is None)
     seen: list[tuple[np.ndarray, np.ndarray]] = []
+    lo, hi = np.inf, -np.inf  # the eval logits' range: equal ends are a constant predictor
     stream = batches(data.eval, cfg.train.eval_batch_size, seed=cfg.train.seed, epoch=0,
                      shuffle_buffer=0, drop_remainder=False, keep=data.keep_eval)
     for batch, n in stream:
         logits = np.asarray(predict(params, tables, batch))[:n]
         rm.update(batch.label[:n], logits)
+        if n:
+            lo, hi = min(lo, float(logits.min())), max(hi, float(logits.max()))
         if preds is not None:
             preds.append(np.stack([batch.label[:n], sigmoid(logits)], 1))
         if teacher:
             seen.append((np.asarray(batch.label[:n]), logits))
-    out = rm.result()
+    out = {**rm.result(), "logit_spread": hi - lo if hi >= lo else float("nan")}
     if teacher:
         out.update(_against_teacher(data.eval, seen))
     return out, (np.concatenate(preds) if preds is not None else None)
@@ -481,6 +488,12 @@ def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progr
         warnings.append(f"eval AUC/NE are undefined: the eval set ({ev['examples']} examples) "
                         f"has a single class (CTR {ev['ctr']}); use a larger eval set: "
                         "--eval-data FILE, or a larger --data.holdout (e.g. 0.3)")
+    if ev.get("logit_spread") == 0 and ev["examples"] > 1:
+        warnings.append(
+            f"every one of the {ev['examples']} eval predictions is the same: the model "
+            "collapsed to a constant predictor (e.g. every unit of its last "
+            "hidden layer dead after divergent updates), so its AUC is 0.5 and it ranks nothing; "
+            "see eval_logit_spread")
     summary = {
         "algorithm": tc.algo, "model": cfg.model.name, "dataset": cfg.data.train,
         "eval_dataset": data.eval_desc,
@@ -494,6 +507,7 @@ def build_summary(cfg: Config, data: RunData, state: TrainState, progress: Progr
         "eval_auc": ev["auc"], "eval_auc_error_bound": ev["auc_error_bound"],
         "eval_logloss": ev["logloss"], "eval_ne": ev["ne"], "eval_calibration": ev["calibration"],
         "eval_examples": ev["examples"], "eval_ctr": ev["ctr"],
+        "eval_logit_spread": ev.get("logit_spread"),
         "train_examples_per_epoch": data.train_rows,
         "data_stats": {"train": data.train.stats.as_dict(), "eval": data.eval.stats.as_dict()},
         "data_rows_read": rows_read(data),  # examples read (recjax.data.seek): resume seeks
