@@ -194,13 +194,16 @@ class Persia:
                                mutating=("acquire", "release_unused", "finish", "post_acts",
                                          "take_acts", "post_grads", "take_grads",
                                          "applied_one"))
-        # one replica, or under --ray.dense_shards D one per block of whole leaves (each
-        # block's mean and optimizer step are the whole one's for its leaves)
-        self.dense = place.host_group_blocks(DenseGroup, dense_group,
-                                             (s0.params, s0.opt_state, like), cfg, k,
-                                             joins={"state": (s0.params, s0.opt_state)})
-        self.dense_ps = (place.dense_ps(s0.params, s0.opt_state) if MODES[p.mode].dense_ps
-                         else None)
+        # the NN workers' replica and all-reduce: one, or under --ray.dense_shards D one per
+        # block of whole leaves (each block's mean and optimizer step are the whole one's for
+        # its leaves); in async mode none: the dense PS steps the params
+        self.dense_ps, self.dense = None, None
+        if MODES[p.mode].dense_ps:
+            self.dense_ps = place.dense_ps(s0.params, s0.opt_state)
+        else:
+            self.dense = place.host_group_blocks(DenseGroup, dense_group,
+                                                 (s0.params, s0.opt_state, like), cfg, k,
+                                                 joins={"state": (s0.params, s0.opt_state)})
         self.ledgers = [place.beside(g, Ledger, name="persia-ledger") for g in range(k + e)]
 
     def _warm(self, params) -> Any:
@@ -230,7 +233,7 @@ class Persia:
         k = p.nn_workers
         supply = rt.shared_list(1, localize=False, index=self.pipe)
         workers = [place.worker(j, None) for j in range(k)]
-        group = place.parties(self.dense, 1, k)[0]
+        group = place.parties(self.dense, 1, k)[0] if self.dense is not None else None
         s0 = rt.init_state
         roles = [RoleSpec(f"persia-nn{w.wid}", place.run_role(
             nn_worker, w, ctx, self.pipe, self.dense_ps, self.ledgers[w.wid], group,
@@ -252,7 +255,7 @@ class Persia:
             return params, opt_state, rt.start_step + min(w.counters.iterations for w in workers)
 
         def live() -> dict:  # counters over time (metrics.jsonl `counters` records)
-            pipe, dense = self.pipe.record(), self.dense.record()
+            pipe, dense = self.pipe.record(), self._dense_record()
             raw, wire, _ = totals(self.ledgers)
             return {"embedding_staleness": histogram_summary(pipe["staleness"]),
                     "embedding_updates": pipe["applied"], "bytes": _bytes(raw, wire),
@@ -290,10 +293,14 @@ class Persia:
             return self.allreduce_seconds * steps
         return waited / self.p.nn_workers
 
+    def _dense_record(self) -> dict:
+        """The all-reduce's counts (`DenseGroup.record`); none in async mode, which has none."""
+        return {"recoveries": 0, "steps_lost": 0} if self.dense is None else self.dense.record()
+
     def _read(self) -> dict:
         """This call's counts, read once from where they live."""
         raw, wire, waited = totals(self.ledgers)
-        out = {**self.pipe.record(), **{f"dense_{n}": v for n, v in self.dense.record().items()},
+        out = {**self.pipe.record(), **{f"dense_{n}": v for n, v in self._dense_record().items()},
                "raw": raw, "wire": wire, "waited": waited}
         if self.dense_ps is not None:
             out["dense_staleness"] = dict(sorted(self.dense_ps.staleness.items()))

@@ -138,8 +138,14 @@ def test_lossless_id_compression_trains_bit_identically():
     assert ids["bytes"]["loader->embedding"]["sent"] != ids["bytes"]["loader->embedding"]["raw"]
 
 
-def test_async_mode_has_dense_staleness_and_no_allreduce():
+def test_async_mode_has_dense_staleness_and_no_allreduce(monkeypatch):
+    built = []  # the NN workers' replica and all-reduce: async mode steps the dense PS instead
+    real = persia.DenseGroup.__init__
+    monkeypatch.setattr(persia.DenseGroup, "__init__",
+                        lambda self, *a, **k: built.append(1) or real(self, *a, **k))
     got = persia.run(_cfg(steps=24, mode="async", staleness=2, nn_workers=4))
+    assert built == []  # none built (under --ray.dense_shards D it was D idle actors)
+    assert got["nn_recoveries"] == 0 and got["dense_steps_lost"] == 0
     assert got["dense_allreduce_seconds"] == 0.0
     assert "nn<->nn (all-reduce)" not in got["bytes"]
     assert got["dense_staleness"]["max"] >= 1
