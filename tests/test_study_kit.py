@@ -305,3 +305,42 @@ def test_a_base_arm_scratch_arms_and_a_dataset_schedule(tmp_path):
         Size(base=1, chunk=1, chunks=1, seeds=(0,), schedules={"x": {"seeds": (1,)}})
     with pytest.raises(ValueError, match="back_at"):
         Size(base=1, chunk=1, chunks=2, seeds=(0,), schedules={"x": {"base": 0, "back_at": 1}})
+
+
+def test_the_progress_line_counts_every_segment_the_study_runs(tmp_path):
+    """`runner.planned` is the number of segments `run_study` visits (the progress line's
+    ``[k/total, ~M min left]``): on the toy study (back phases), with a scratch arm, an arm on
+    fewer seeds and a dataset of its own schedule; and the GBA study file at full size, by hand
+    from its arms."""
+    lines = []
+    res = runner.run_study(STUDY, "quick", str(tmp_path / "t"), FakeRun(), log=lines.append)
+    # per seed: 3 arms x 3 chunks + 2 switched arms x 2 chunks back + the base = 14
+    assert len(res["synthetic"]) == 3 * 14 and lines[-1].endswith("[42/42, ~0 min left]")
+    assert lines[0].split()[-4:-2] == ["[1/42,", "~0"]  # the first segment already estimates
+    st = dataclasses.replace(
+        STUDY, arms=(*STUDY.arms, Arm("s", {"train.algo": "async", "train.steps": 7}, scratch=True),
+                     Arm("few", {"train.algo": "async"}, seeds=2)),
+        datasets={"synthetic": {}, "other": {}},
+        sizes={"quick": Size(base=10, chunk=5, chunks=3, back_at=1, seeds=(0, 1, 2),
+                             schedules={"other": {"base": 0, "chunk": 0, "chunks": 1,
+                                                  "back_at": 0}})})
+    run = FakeRun()
+    lines.clear()
+    out = runner.run_study(st, "quick", str(tmp_path / "s"), run, log=lines.append)
+    n = sum(len(rows) for rows in out.values())
+    assert n == len(run.calls) == sum(runner.planned(st, st.sizes["quick"].for_dataset(d),
+                                                     st.arms_for(d, "quick"), 3) for d in out)
+    assert lines[-1].startswith("  other") and f"[{n}/{n}," in lines[-1]
+    # run again: every segment has its record; nothing runs, nothing is logged
+    lines.clear()
+    runner.run_study(st, "quick", str(tmp_path / "s"), run, log=lines.append)
+    assert lines == [] and len(run.calls) == n
+    gba = load(str(ROOT / "scripts" / "studies" / "gba.py"))
+    full = gba.sizes["full"]
+    # synthetic, per seed: the base; single, 6 modes, mean=buffer and 3 B_a=128 arms x 4
+    # chunks; the 10 switched arms x 2 chunks back: 1 + 44 + 20 = 65. Frappe (no B_a arms):
+    # 1 + 8 x 4 + 7 x 2 = 47
+    assert runner.planned(gba, full.for_dataset("synthetic"), gba.arms_for("synthetic", "full"),
+                          8) == 8 * 65
+    assert runner.planned(gba, full.for_dataset("frappe"), gba.arms_for("frappe", "full"),
+                          8) == 8 * 47

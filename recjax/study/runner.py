@@ -197,20 +197,56 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
         return _run_study(study, size_name, out, run, datasets, seeds, log)
 
 
+def planned(study: Study, size: Size, arms: tuple[Arm, ...], n_seeds: int) -> int:
+    """The segments `_run_study` runs on one dataset: per seed its base run, each arm's
+    chunks (a scratch arm's one run) on the seeds it runs, and every switched arm's chunks
+    back."""
+    n = 0
+    for i in range(n_seeds):
+        n += bool(size.base)
+        for arm in arms:
+            if arm.seeds and i >= arm.seeds:
+                continue
+            n += 1 if size.base and arm.scratch else size.chunks
+            if size.back_at and arm.name != study.reference and not arm.scratch:
+                n += size.chunks - size.back_at
+    return n
+
+
+class _Tally:
+    """Where a study is: segments visited of `total`, and the seconds of those run here (for
+    the estimate of what is left)."""
+
+    def __init__(self, total: int):
+        self.total, self.visited, self.ran, self.secs = total, 0, 0, 0.0
+
+    def left(self) -> str:
+        """``[k/total, ~M min left]``, the estimate from the segments run in this process."""
+        eta = ""
+        if self.ran:
+            eta = f", ~{self.secs / self.ran * (self.total - self.visited) / 60:.0f} min left"
+        return f"[{self.visited}/{self.total}{eta}]"
+
+
 def _run_study(study: Study, size_name: str, out: str, run: RunFn,
                datasets: list[str] | None, seeds: tuple[int, ...],
                log: Callable[[str], None]) -> dict:
     ref, first = study.arm(study.reference), study.base_arm
     results = {}
+    present = []
     for ds in datasets or list(study.datasets):
-        size: Size = study.sizes[size_name].for_dataset(ds)
         data = dataset_overrides(study, ds)
         if data is None:
             log(f"{ds}: skipped, its data file {study.datasets[ds]['data.train']!r} is not under "
                 "$RECJAX_DATA (default ../shared/data)")
             continue
+        present.append((ds, data))
+    tally = _Tally(sum(planned(study, study.sizes[size_name].for_dataset(ds),
+                               study.arms_for(ds, size_name), len(seeds)) for ds, _ in present))
+    for ds, data in present:
+        size: Size = study.sizes[size_name].for_dataset(ds)
         segment = _Segments(study, size, ds, data, os.path.join(out, ds, "segments.jsonl"),
-                            run, log)
+                            run, log, tally)
         arms = study.arms_for(ds, size_name)
         for i, seed in enumerate(seeds):
             work = os.path.join(out, "work", ds, f"seed{seed}")
@@ -252,9 +288,9 @@ class _Segments:
     runs one unless its record exists, then appends its record."""
 
     def __init__(self, study: Study, size: Size, ds: str, data: dict, path: str, run: RunFn,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], tally: _Tally | None = None):
         self.study, self.size, self.ds, self.data, self.path = study, size, ds, data, path
-        self.run, self.log = run, log
+        self.run, self.log, self.tally = run, log, tally or _Tally(0)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.rows = _load(path)
         self.done = {(r["seed"], r["arm"], r["phase"], r["chunk"]): r.get("config")
@@ -266,6 +302,7 @@ class _Segments:
         cfg = segment_config(self.study, self.size, self.data, settings, seed, d, steps, resume,
                              self.ds)
         key = (seed, arm, phase, chunk)
+        self.tally.visited += 1
         if key in self.done:
             if self.done[key] != fingerprint(cfg):  # another size, or an edited study file
                 raise ValueError(f"{self.path} holds {arm} {phase} chunk {chunk} of seed {seed} "
@@ -281,9 +318,11 @@ class _Segments:
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         self.rows.append(row)
+        self.tally.ran += 1
+        self.tally.secs += row["secs"]
         m = self.study.metric
         self.log(f"  {self.ds} seed {seed} {arm:<8} {phase:<7} chunk {chunk}: step "
-                 f"{row['step']} {m} {row[m]:.4f} ({row['secs']:.1f}s)")
+                 f"{row['step']} {m} {row[m]:.4f} ({row['secs']:.1f}s) {self.tally.left()}")
 
 
 def _load(path: str) -> list[dict]:
