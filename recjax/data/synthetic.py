@@ -27,6 +27,7 @@ import numpy as np
 from recjax.batch import Chunk, take
 from recjax.concurrency import ordered_map
 from recjax.config_fields import RESUMABLE, check_choices
+from recjax.data import memo
 from recjax.data.base import ReadStats, count_rows, even_chunk_sizes
 from recjax.features import FeatureSpec, FieldSpec
 
@@ -292,6 +293,12 @@ class SyntheticSource:
         return z
 
     def _generate(self, index: int, n: int) -> tuple[Chunk, np.ndarray]:
+        """Chunk `index` (`n` examples) and its Bayes-optimal probabilities: made once per
+        process and read-only (`recjax.data.memo`: a pure function of the key)."""
+        return memo.SYNTHETIC.get((self.cfg, self.split, index, n),
+                                  lambda: self._make(index, n))
+
+    def _make(self, index: int, n: int) -> tuple[Chunk, np.ndarray]:
         rng = np.random.default_rng([self.cfg.seed, 0 if self.split == "train" else 1, index])
         counts = np.floor(rng.lognormal(1.0, 1.5, (n, self.cfg.n_dense)))
         dense = np.log1p(counts).astype(np.float32)
@@ -356,8 +363,13 @@ class SyntheticSource:
         kept = self.__dict__.get("_bayes")
         if kept is not None:
             return kept
-        pairs = list(self._stream())
-        out = (np.concatenate([c.label for c, _ in pairs]), np.concatenate([p for _, p in pairs]))
+
+        def make():
+            pairs = list(self._stream())
+            return (np.concatenate([c.label for c, _ in pairs]),
+                    np.concatenate([p for _, p in pairs]))
+
+        out = memo.SYNTHETIC.get((self.cfg, self.split, "labels_and_bayes_probs"), make)
         for a in out:
             a.setflags(write=False)
         if self.num_rows <= self.KEEP_BAYES_ROWS:
@@ -365,9 +377,10 @@ class SyntheticSource:
         return out
 
     def bayes_optimal(self) -> dict:
-        """Metrics of the Bayes-optimal predictor p* on this split's examples."""
-        y, p = self.labels_and_bayes_probs()
-        return _metrics(y, p)
+        """Metrics of the Bayes-optimal predictor p* on this split's examples (once per
+        process)."""
+        return dict(memo.SYNTHETIC.get((self.cfg, self.split, "bayes_optimal"),
+                                       lambda: _metrics(*self.labels_and_bayes_probs())))
 
     def bayes_optimal_by_day(self) -> dict[int, dict]:
         """The same for each day's examples (the training stream's days, or the eval day)."""
