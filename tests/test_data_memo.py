@@ -112,3 +112,19 @@ def test_a_source_through_the_memo_equals_one_without_it(monkeypatch):
         next(iter(SyntheticSource(CFG, "eval").chunks())).ids[0, 0, 0] = 1
     other = SyntheticSource(SyntheticConfig(n_train=150_000, n_eval=70_000, seed=8), "eval")
     assert not np.array_equal(_pass(other)[0][1], want["eval"][0][1])  # another key
+
+
+def test_a_study_turns_it_on_and_a_single_run_keeps_nothing(monkeypatch, tmp_path):
+    from recjax.study import runner
+    from tests.test_study_kit import STUDY, FakeRun
+
+    monkeypatch.delenv(memo.ENV, raising=False)
+    monkeypatch.setattr(memo.SYNTHETIC, "budget", memo._mb(0))
+    assert memo.SYNTHETIC.budget == 0  # the default outside a study
+    runner.run_study(STUDY, "quick", str(tmp_path / "a"), FakeRun(), log=lambda s: None)
+    assert memo.SYNTHETIC.budget == memo.STUDY_MB * 2**20
+    monkeypatch.setenv(memo.ENV, "0")  # the variable wins, in a study too
+    runner.run_study(STUDY, "quick", str(tmp_path / "b"), FakeRun(), log=lambda s: None)
+    assert memo.SYNTHETIC.budget == 0
+    monkeypatch.setenv(memo.ENV, "64")
+    assert memo._mb(0) == 64 * 2**20

@@ -10,9 +10,11 @@ shared by every source of the process, and handed out read-only: a caller that w
 kept array would change every later run's data, and gets numpy's "assignment destination is
 read-only" instead.
 
-The budget is ``RECJAX_SYNTHETIC_CACHE_MB`` (default 512; 0 keeps nothing, and nothing is
-made read-only). It changes what is kept, never a value: every run sees the same arrays as
-with no memo (tests/test_data_memo.py).
+It is on where it pays and off elsewhere: a study (`recjax.study.runner.run_study`) turns it
+on at 512 MB, and a single run keeps nothing (a Ray actor or a training run that reads its data
+once would only hold it longer). ``RECJAX_SYNTHETIC_CACHE_MB`` sets the budget everywhere (0:
+off, nothing kept or made read-only). It changes what is kept, never a value: every run sees
+the same arrays as with no memo (tests/test_data_memo.py, scripts/bench_study.py).
 """
 
 from __future__ import annotations
@@ -88,4 +90,18 @@ class Memo:
         return self._bytes
 
 
-SYNTHETIC = Memo(int(float(os.environ.get("RECJAX_SYNTHETIC_CACHE_MB", "512")) * 2**20))
+ENV = "RECJAX_SYNTHETIC_CACHE_MB"
+STUDY_MB = 512  # a study's budget: the GBA study's full size keeps ~170 MB
+
+
+def _mb(default: float) -> int:
+    return int(float(os.environ.get(ENV, default)) * 2**20)
+
+
+SYNTHETIC = Memo(_mb(0))
+
+
+def for_study() -> None:
+    """A study's many runs in this process: keep `STUDY_MB` of synthetic chunks (or what
+    ``RECJAX_SYNTHETIC_CACHE_MB`` says)."""
+    SYNTHETIC.budget = _mb(STUDY_MB)

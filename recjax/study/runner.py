@@ -32,6 +32,7 @@ from collections.abc import Callable
 from recjax import compile_cache, configs
 from recjax.checkpoint import Checkpointer
 from recjax.config import Config, apply_overrides
+from recjax.data import memo
 from recjax.data.sources import DataError, resolve_path
 from recjax.runlog import read_summary
 from recjax.study.spec import Arm, Size, Study
@@ -191,6 +192,7 @@ def run_study(study: Study, size_name: str, out: str, run: RunFn,
     size: Size = study.sizes[size_name]
     seeds = tuple(seeds or size.seeds)
     compile_cache.enable("auto")  # every segment rebuilds its jitted functions: loads, not compiles
+    memo.for_study()  # and opens its data afresh: the synthetic chunks are made once
     # a stop signal between segments, or one that came as a run finished (its trainer hands it
     # on: `signals.stop_requests`), stops the study at the next segment boundary
     with signals.stop_requests():
