@@ -20,6 +20,8 @@ two summary fields of a synthetic teacher's eval, ``eval_kl_to_bayes`` and ``eva
 ``shadow`` and ``shadow-ckpt`` were re-recorded for a named fix: S-EASGD's exchange follows
 Alg. 2's two lines in order (``shadowsync.easgd_form=sequential``), where it used the values
 from before the sync for both (``simultaneous``, which reproduces the old records).
+Every run was re-recorded once more (2026-11-29) to add the summary's ``eval_logit_spread``
+(recjax/train/contract.py): nothing else changed, no value and no predictions.csv hash.
 """
 
 from __future__ import annotations
