@@ -80,11 +80,6 @@ class Memo:
                     self._bytes -= n
         return value
 
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
-
     @property
     def nbytes(self) -> int:
         return self._bytes
