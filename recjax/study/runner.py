@@ -242,14 +242,12 @@ def _run_study(study: Study, size_name: str, out: str, run: RunFn,
             log(f"{ds}: skipped, its data file {study.datasets[ds]['data.train']!r} is not under "
                 "$RECJAX_DATA (default ../shared/data)")
             continue
-        present.append((ds, data))
-    tally = _Tally(sum(planned(study, study.sizes[size_name].for_dataset(ds),
-                               study.arms_for(ds, size_name), len(seeds)) for ds, _ in present))
-    for ds, data in present:
-        size: Size = study.sizes[size_name].for_dataset(ds)
+        present.append((ds, data, study.sizes[size_name].for_dataset(ds),
+                        study.arms_for(ds, size_name)))
+    tally = _Tally(sum(planned(study, size, arms, len(seeds)) for _, _, size, arms in present))
+    for ds, data, size, arms in present:
         segment = _Segments(study, size, ds, data, os.path.join(out, ds, "segments.jsonl"),
                             run, log, tally)
-        arms = study.arms_for(ds, size_name)
         for i, seed in enumerate(seeds):
             work = os.path.join(out, "work", ds, f"seed{seed}")
             base = os.path.join(work, "base")
@@ -290,9 +288,9 @@ class _Segments:
     runs one unless its record exists, then appends its record."""
 
     def __init__(self, study: Study, size: Size, ds: str, data: dict, path: str, run: RunFn,
-                 log: Callable[[str], None], tally: _Tally | None = None):
+                 log: Callable[[str], None], tally: _Tally):
         self.study, self.size, self.ds, self.data, self.path = study, size, ds, data, path
-        self.run, self.log, self.tally = run, log, tally or _Tally(0)
+        self.run, self.log, self.tally = run, log, tally
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.rows = _load(path)
         self.done = {(r["seed"], r["arm"], r["phase"], r["chunk"]): r.get("config")
